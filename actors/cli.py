@@ -1,0 +1,395 @@
+"""The ``parkway`` command line.
+
+parkway up         every actor in one process (in-memory broker unless --broker)
+parkway actor      one actor as a service
+parkway publish    send one signed command to an actor and print its typed reply
+parkway status     ask actors for their status
+parkway logs       every actor's log lines for one checkpoint id, from the broker's log stream
+parkway dead-letters   take messages off the run's dead-letter queue and print them
+parkway sign       print the signature headers for a body (for rabbitmqadmin and other clients)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from parkway.actors.client import Client
+from parkway.actors.logs import configure_logging
+from parkway.actors.roles import DEFAULT_TOPOLOGY, ROLES
+from parkway.actors.service import build_actor, serve
+from parkway.actors.settings import RunSettings, SettingsError
+from parkway.brokers import BrokerError, RequestTimeout, connect
+from parkway.brokers.urls import redact_url
+from parkway.protocol import codec
+from parkway.protocol.errors import ProtocolError
+from parkway.protocol.ids import actor_address, new_checkpoint_id, parse_address, validate_checkpoint_id
+from parkway.protocol.messages import CONTROL_COMMANDS, Error, Probe, Status, StatusReport
+from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
+
+COMMANDS = {cls.__name__.lower(): cls for cls in CONTROL_COMMANDS}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SettingsError as exc:
+        print(f"parkway: {exc}", file=sys.stderr)
+        return 2
+    except BrokerError as exc:
+        print(f"parkway: broker: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parkway", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--broker", help="broker URL (default: $PARKWAY_BROKER_URL, else memory://)")
+        p.add_argument(
+            "--run", help="run name: the namespace on the broker (default: $PARKWAY_RUN or 'default')"
+        )
+
+    p = sub.add_parser("up", help="start every actor in one process")
+    common(p)
+    p.add_argument("--topology", default=_topology_text(DEFAULT_TOPOLOGY), help="role=replicas,... to start")
+    p.add_argument(
+        "--for", dest="duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)"
+    )
+    p.add_argument(
+        "--durable", action="store_true", help="give each actor a reply journal under $PARKWAY_STATE_DIR"
+    )
+    p.set_defaults(func=_cmd_up)
+
+    p = sub.add_parser("actor", help="run one actor as a service")
+    common(p)
+    p.add_argument("role", choices=sorted(ROLES))
+    p.add_argument("--replica", type=int, default=0)
+    p.add_argument("--no-journal", action="store_true", help="keep the reply cache in memory only")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_cmd_actor)
+
+    p = sub.add_parser("publish", help="send one signed control command and print the reply")
+    common(p)
+    p.add_argument("command", choices=sorted(COMMANDS))
+    p.add_argument("--checkpoint-id", help="the checkpoint id (= correlation id); a fresh one if omitted")
+    p.add_argument("--to", required=True, help="ROLE/REPLICA")
+    p.add_argument(
+        "--set",
+        dest="fields",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a field of the command; VALUE is parsed as JSON when it can be",
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds until the command's deadline")
+    p.add_argument("--json-body", action="store_true", help="send the body as JSON instead of MessagePack")
+    p.set_defaults(func=_cmd_publish)
+
+    p = sub.add_parser("status", help="ask actors for their status")
+    common(p)
+    p.add_argument("--topology", default=_topology_text(DEFAULT_TOPOLOGY))
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("logs", help="log lines of one checkpoint id from every actor")
+    common(p)
+    p.add_argument("--checkpoint-id", required=True)
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines as they arrive")
+    p.add_argument("--actor", help="only lines of this actor (ROLE/REPLICA)")
+    p.add_argument("--rollout-id", help="only lines of this rollout")
+    p.add_argument("--json", action="store_true", help="print the raw JSON lines")
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=1.0,
+        help="without --follow: stop after this many seconds with no new line",
+    )
+    p.set_defaults(func=_cmd_logs)
+
+    p = sub.add_parser("dead-letters", help="take messages off the run's dead-letter queue and print them")
+    common(p)
+    p.add_argument("--limit", type=int, default=100)
+    p.set_defaults(func=_cmd_dead_letters)
+
+    p = sub.add_parser("sign", help="print signature headers for a body read from stdin")
+    p.add_argument("--run")
+    p.add_argument("--correlation-id", required=True)
+    p.add_argument("--sender", default="cli/sign")
+    p.add_argument("--content-type", default=codec.JSON)
+    p.set_defaults(func=_cmd_sign)
+    return parser
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _topology_text(topology: dict[str, int]) -> str:
+    return ",".join(f"{role}={n}" for role, n in topology.items())
+
+
+def _parse_topology(text: str) -> dict[str, int]:
+    topology: dict[str, int] = {}
+    for item in text.split(","):
+        role, _, count = item.partition("=")
+        if role not in ROLES or not count.isdigit():
+            raise SettingsError(f"topology item {item!r}: want ROLE=N with ROLE one of {sorted(ROLES)}")
+        topology[role] = int(count)
+    return topology
+
+
+def _addresses(topology: dict[str, int]) -> list[str]:
+    return [actor_address(role, i) for role, n in topology.items() for i in range(n)]
+
+
+def _cli_sender() -> str:
+    return f"cli/{os.getpid()}"
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, sort_keys=True, default=str))
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, allow_ephemeral_secret=True)
+    topology = _parse_topology(args.topology)
+    configure_logging()
+
+    async def go() -> None:
+        broker = connect(settings.broker_url, settings.run)
+        async with broker:
+            actors = [
+                build_actor(role, replica, broker, settings, durable=args.durable)
+                for role, n in topology.items()
+                for replica in range(n)
+            ]
+            client = Client(broker, secret=settings.secret, sender=_cli_sender())
+
+            async def report() -> None:
+                rows = await _collect_status(client, [a.address for a in actors], timeout=3.0)
+                print(_status_table(rows), file=sys.stderr, flush=True)
+                probe = Probe(checkpoint_id=new_checkpoint_id("probe"), deadline=time.time() + 5)
+                for actor in actors:
+                    await client.call(actor.address, probe)
+                print(
+                    f"parkway up: {len(actors)} actors of run {settings.run!r} on {redact_url(settings.broker_url)} "
+                    "answer; Ctrl-C stops them",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+            await serve(broker, actors, duration_s=args.duration, on_started=report)
+
+    asyncio.run(go())
+    return 0
+
+
+def _cmd_actor(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    configure_logging(level=args.log_level)
+
+    async def go() -> None:
+        broker = connect(
+            settings.broker_url,
+            settings.run,
+            connection_name=f"parkway-{settings.run}-{args.role}-{args.replica}",
+        )
+        async with broker:
+            actor = build_actor(args.role, args.replica, broker, settings, durable=not args.no_journal)
+            await serve(broker, [actor])
+
+    asyncio.run(go())
+    return 0
+
+
+def _parse_fields(items: list[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SettingsError(f"--set {item!r}: want KEY=VALUE")
+        try:
+            fields[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            fields[key] = raw
+    return fields
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    parse_address(args.to)
+    checkpoint_id = validate_checkpoint_id(args.checkpoint_id or new_checkpoint_id("cli"))
+    data = {
+        "type": COMMANDS[args.command].__name__,
+        "checkpoint_id": checkpoint_id,
+        "deadline": time.time() + args.timeout,
+        **_parse_fields(args.fields),
+    }
+    try:
+        message = codec.from_builtins(data)
+    except ProtocolError as exc:
+        print(f"parkway: {exc}", file=sys.stderr)
+        return 2
+
+    async def go() -> int:
+        async with connect(settings.broker_url, settings.run) as broker:
+            client = Client(broker, secret=settings.secret, sender=_cli_sender())
+            content_type = codec.JSON if args.json_body else codec.MSGPACK
+            try:
+                reply = await client.request(args.to, message, content_type=content_type)
+            except RequestTimeout:
+                _print_json({"type": "Timeout", "to": args.to, "checkpoint_id": checkpoint_id})
+                return 4
+            _print_json(codec.to_builtins(reply))
+            return 1 if isinstance(reply, Error) else 0
+
+    return asyncio.run(go())
+
+
+async def _collect_status(client: Client, addresses: list[str], *, timeout: float) -> list[dict[str, Any]]:
+    async def one(address: str) -> dict[str, Any]:
+        status = Status(checkpoint_id=new_checkpoint_id("status"), deadline=time.time() + timeout)
+        try:
+            reply = await client.request(address, status)
+        except (RequestTimeout, BrokerError) as exc:
+            return {"address": address, "reachable": False, "error": str(exc)}
+        if isinstance(reply, StatusReport):
+            return {"address": address, "reachable": True, **msgspec.to_builtins(reply)}
+        return {"address": address, "reachable": False, "error": str(reply)}
+
+    return list(await asyncio.gather(*(one(a) for a in addresses)))
+
+
+def _status_table(rows: list[dict[str, Any]]) -> str:
+    now = time.time()
+    header = f"{'ACTOR':<14} {'PHASE':<10} {'CHECKPOINT':<32} {'LEASE':>7} {'IN-FLIGHT':>9} {'HANDLED':>8} {'PID':>7}"
+    lines = [header]
+    for row in rows:
+        if not row["reachable"]:
+            lines.append(f"{row['address']:<14} {'(no reply)':<10} {row.get('error', '')}")
+            continue
+        lease = row.get("lease_expires_at")
+        lease_text = f"{lease - now:.1f}s" if lease else "-"
+        lines.append(
+            f"{row['address']:<14} {row['phase']:<10} {row.get('checkpoint_id') or '-':<32} {lease_text:>7} "
+            f"{row['in_flight']:>9} {row['handled']:>8} {row['pid']:>7}"
+        )
+    return "\n".join(lines)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    addresses = _addresses(_parse_topology(args.topology))
+
+    async def go() -> int:
+        async with connect(settings.broker_url, settings.run) as broker:
+            client = Client(broker, secret=settings.secret, sender=_cli_sender())
+            rows = await _collect_status(client, addresses, timeout=args.timeout)
+        if args.json:
+            _print_json(rows)
+        else:
+            print(_status_table(rows))
+        return 0 if all(r["reachable"] for r in rows) else 1
+
+    return asyncio.run(go())
+
+
+def format_log_line(record: dict[str, Any]) -> str:
+    """A readable one-line form: time, actor, level, event, then the other fields."""
+    skip = {"ts", "actor", "level", "event", "role", "replica", "run"}
+    rest = " ".join(f"{k}={record[k]}" for k in sorted(record) if k not in skip)
+    return f"{record.get('ts', '')} {record.get('actor', '-'):<14} {record.get('level', ''):<7} {record.get('event', '')} {rest}".rstrip()
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, allow_ephemeral_secret=True)
+    decoder = msgspec.json.Decoder(dict[str, Any])
+
+    def wanted(record: dict[str, Any]) -> bool:
+        return (
+            record.get("checkpoint_id") == args.checkpoint_id
+            and (args.actor is None or record.get("actor") == args.actor)
+            and (args.rollout_id is None or record.get("rollout_id") == args.rollout_id)
+        )
+
+    async def go() -> int:
+        async with connect(settings.broker_url, settings.run) as broker:
+            lines = broker.follow_logs(from_start=True)
+            shown = 0
+            while True:
+                try:
+                    raw = await (anext(lines) if args.follow else asyncio.wait_for(anext(lines), args.idle))
+                except TimeoutError:
+                    break
+                try:
+                    record = decoder.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if wanted(record):
+                    shown += 1
+                    print(raw.decode() if args.json else format_log_line(record), flush=True)
+            await lines.aclose()
+        return 0 if shown else 1
+
+    try:
+        return asyncio.run(go())
+    except KeyboardInterrupt:
+        return 0
+
+
+def _cmd_dead_letters(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, allow_ephemeral_secret=True)
+
+    async def go() -> int:
+        async with connect(settings.broker_url, settings.run) as broker:
+            letters = await broker.read_dead_letters(args.limit)
+        for letter in letters:
+            _print_json(
+                {
+                    "origin": letter.origin,
+                    "code": letter.code,
+                    "detail": letter.detail,
+                    "correlation_id": letter.envelope.correlation_id,
+                    "sender": letter.envelope.headers.get(SENDER_HEADER, ""),
+                    "content_type": letter.envelope.content_type,
+                    "bytes": len(letter.envelope.body),
+                }
+            )
+        return 0
+
+    return asyncio.run(go())
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(run=args.run, broker_url="amqp://unused")
+    body = sys.stdin.buffer.read()
+    signature = sign(
+        settings.secret,
+        run=settings.run,
+        sender=args.sender,
+        correlation_id=args.correlation_id,
+        content_type=args.content_type,
+        body=body,
+    )
+    _print_json({SENDER_HEADER: args.sender, SIGNATURE_HEADER: signature})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,283 @@
+"""A checkpoint participant: the phase machine of ``protocol.phases`` wired to commands and hooks.
+
+Roles that take part in snapshots (agent, resources, policy, tq) subclass ``Participant`` and fill
+the hooks; the command handling, fencing, reply caching and the lease are the same for all of them:
+
+- ``close_admission``   at Prepare: stop taking new work (queued work waits, accepted work goes on);
+- ``wait_until_parked`` at Prepare: return when every rollout is at a boundary (event driven);
+- ``write_snapshot``    at Commit: write records under the snapshot directory, return their digests;
+- ``install_snapshot``  at Restore: load records, return the attempts restored;
+- ``release``           at Resume, Abort and lease lapse: reopen admission and release held replies.
+
+A participant whose lease lapses (no Renew, no Resume) resumes itself after the grace period, so one
+lost Resume holds it seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+from parkway.actors.runtime import Actor
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import (
+    Abort,
+    AttemptRef,
+    Capabilities,
+    Commit,
+    Committed,
+    Discover,
+    FileDigest,
+    Forget,
+    Message,
+    Ok,
+    Prepare,
+    Prepared,
+    Renew,
+    Restore,
+    Restored,
+    Resume,
+    Retire,
+)
+from parkway.protocol.phases import (
+    DEFAULT_LEASE_GRACE_S,
+    Event,
+    Outcome,
+    ParticipantPhases,
+    Phase,
+    Transition,
+)
+
+log = structlog.get_logger("parkway.participant")
+
+
+@dataclass(frozen=True, slots=True)
+class ParkReport:
+    parked: int = 0
+    boundaries_passed: int = 0
+    restarts: tuple[AttemptRef, ...] = ()
+
+
+class Participant(Actor):
+    mode: str = "exported"  # exported | stateless | restart_only
+
+    def __init__(
+        self,
+        *args: Any,
+        snapshot_root: Path | None = None,
+        lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.phases = ParticipantPhases(lease_grace_s=lease_grace_s)
+        self.snapshot_root = snapshot_root
+        self.retired: set[tuple[str, int]] = set()
+        self._ended: dict[str, asyncio.Event] = {}
+        self._lease_changed = asyncio.Event()
+        self._lease_task: asyncio.Task[None] | None = None
+        self.handlers.update(
+            {
+                Prepare: self.on_prepare,
+                Renew: self.on_renew,
+                Commit: self.on_commit,
+                Resume: self.on_resume,
+                Abort: self.on_abort,
+                Restore: self.on_restore,
+                Retire: self.on_retire,
+                Forget: self.on_forget,
+            }
+        )
+
+    # -- hooks (defaults: nothing in flight, nothing to save) ---------------------------------
+    async def close_admission(self) -> None:
+        """Stop admitting new work for the checkpoint."""
+
+    async def wait_until_parked(self) -> ParkReport:
+        return ParkReport()
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        record = {
+            "role": self.role,
+            "replica": self.replica,
+            "checkpoint_id": command.checkpoint_id,
+            "episodes": [msgspec.to_builtins(e) for e in command.episodes],
+        }
+        return (write_records(directory / "participant.msgpack", [record]),)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        return ()
+
+    async def release(self) -> None:
+        """Reopen admission and release held replies."""
+
+    # -- status --------------------------------------------------------------------------------
+    def phase_name(self) -> str:
+        return self.phases.phase.value
+
+    def status_extras(self) -> dict[str, Any]:
+        return {"checkpoint_id": self.phases.checkpoint_id, "lease_expires_at": self.phases.lease_expires_at}
+
+    async def on_discover(self, _: Discover) -> Message:
+        return Capabilities(
+            role=self.role, replica=self.replica, mode=self.mode, restart_only=self.mode == "restart_only"
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await super().start()
+        self._lease_task = asyncio.get_running_loop().create_task(self._watch_lease())
+
+    async def stop(self) -> None:
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+        await super().stop()
+
+    # -- command handlers ----------------------------------------------------------------------
+    async def on_prepare(self, command: Prepare) -> Message:
+        cid = command.checkpoint_id
+        retry = self.phases.checkpoint_id == cid and self.phases.phase in (Phase.PREPARING, Phase.PREPARED)
+        if not retry:
+            self._apply(Event.PREPARE, cid, command.deadline)
+            self._ended[cid] = asyncio.Event()
+            await self.close_admission()
+        if self.phases.phase is Phase.PREPARED:
+            return Prepared(checkpoint_id=cid)
+        ended = self._ended.setdefault(cid, asyncio.Event())
+        parked = asyncio.ensure_future(self.wait_until_parked())
+        end_wait = asyncio.ensure_future(ended.wait())
+        try:
+            timeout = max(0.0, command.deadline - time.time())
+            done, _ = await asyncio.wait(
+                {parked, end_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            end_wait.cancel()
+        if parked not in done:
+            parked.cancel()
+            if end_wait in done or ended.is_set():
+                raise ProtocolError(ErrorCode.STALE_CHECKPOINT, f"{cid} ended while preparing")
+            raise ProtocolError(ErrorCode.DEADLINE_EXCEEDED, f"not parked before the deadline of {cid}")
+        report = parked.result()
+        self._apply(Event.PARKED, cid, None)
+        log.info("prepared", parked=report.parked, restarts=len(report.restarts))
+        return Prepared(
+            checkpoint_id=cid,
+            parked=report.parked,
+            boundaries_passed=report.boundaries_passed,
+            restarts=report.restarts,
+        )
+
+    async def on_renew(self, command: Renew) -> Message:
+        self._apply(Event.RENEW, command.checkpoint_id, command.deadline)
+        return Ok(detail=f"lease until {self.phases.lease_expires_at}")
+
+    async def on_commit(self, command: Commit) -> Message:
+        # Check first, write, then move: a commit refused for its phase writes nothing.
+        self.phases.check(Event.COMMIT, command.checkpoint_id, now=time.time(), deadline=command.deadline)
+        directory = self.participant_dir(command.location)
+        try:
+            files = await self.write_snapshot(directory, command)
+        except OSError as exc:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"commit of {command.checkpoint_id} failed: {exc}"
+            ) from exc
+        self._apply(Event.COMMIT, command.checkpoint_id, command.deadline)
+        log.info("committed", files=len(files), episodes=len(command.episodes))
+        return Committed(checkpoint_id=command.checkpoint_id, files=files, episodes=command.episodes)
+
+    async def on_resume(self, command: Resume) -> Message:
+        # A resume needs no deadline check: releasing is always safe and always wanted.
+        transition = self._apply(Event.RESUME, command.checkpoint_id, None)
+        if transition.outcome is Outcome.MOVED:
+            await self._end(command.checkpoint_id)
+            return Ok(detail="resumed")
+        return Ok(detail=f"{command.checkpoint_id} had already ended")
+
+    async def on_abort(self, command: Abort) -> Message:
+        transition = self._apply(Event.ABORT, command.checkpoint_id, None)
+        if transition.outcome is Outcome.MOVED:
+            log.warning("aborted", reason=command.reason, phase_before=transition.before.value)
+            await self._end(command.checkpoint_id)
+            return Ok(detail=f"aborted in phase {transition.before.value}")
+        if transition.outcome is Outcome.FENCED:
+            self._ended.setdefault(command.checkpoint_id, asyncio.Event()).set()
+            return Ok(detail="fenced: that id can no longer start here")
+        return Ok(detail=f"{command.checkpoint_id} had already ended")
+
+    async def on_restore(self, command: Restore) -> Message:
+        self.phases.check(Event.RESTORE, command.checkpoint_id, now=time.time(), deadline=command.deadline)
+        rollouts = await self.install_snapshot(self.participant_dir(command.location), command)
+        self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
+        self._ended[command.checkpoint_id] = asyncio.Event()
+        return Restored(checkpoint_id=command.checkpoint_id, rollouts=rollouts)
+
+    async def on_retire(self, command: Retire) -> Message:
+        for ref in command.attempts:
+            self.retired.add((ref.rollout_id, ref.attempt))
+        return Ok(detail=f"retired {len(command.attempts)}")
+
+    async def on_forget(self, command: Forget) -> Message:
+        for ref in command.attempts:
+            self.retired.discard((ref.rollout_id, ref.attempt))
+        return Ok(detail=f"forgot {len(command.attempts)}")
+
+    # -- helpers -------------------------------------------------------------------------------
+    def participant_dir(self, location: str) -> Path:
+        if self.snapshot_root is None:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"{self.address} has no snapshot root configured")
+        return self.snapshot_root / self.run / location / "participants" / self.role / str(self.replica)
+
+    def _apply(self, event: Event, checkpoint_id: str, deadline: float | None) -> Transition:
+        transition = self.phases.apply(event, checkpoint_id, now=time.time(), deadline=deadline)
+        self._lease_changed.set()
+        if transition.outcome is Outcome.MOVED:
+            log.info("phase", event=event.value, before=transition.before.value, after=transition.after.value)
+        return transition
+
+    async def _end(self, checkpoint_id: str) -> None:
+        self._ended.setdefault(checkpoint_id, asyncio.Event()).set()
+        await self.release()
+        # Keep the end events of recent ids only; the phase machine's fence is the lasting record.
+        while len(self._ended) > 64:
+            self._ended.pop(next(iter(self._ended)))
+
+    async def _watch_lease(self) -> None:
+        while True:
+            self._lease_changed.clear()
+            expires = self.phases.lease_expires_at
+            if expires is None:
+                await self._lease_changed.wait()
+                continue
+            try:
+                await asyncio.wait_for(self._lease_changed.wait(), max(0.0, expires - time.time()))
+            except TimeoutError:
+                with structlog.contextvars.bound_contextvars(
+                    **self.log_context(), checkpoint_id=self.phases.checkpoint_id
+                ):
+                    transition = self.phases.lapse_if_expired(time.time())
+                    if transition is not None:
+                        log.warning("lease_lapsed", phase_before=transition.before.value)
+                        await self._end(transition.checkpoint_id)
+
+
+def write_records(path: Path, records: list[Any]) -> FileDigest:
+    """Write msgpack records to ``path`` durably (fsync) and return the manifest entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = msgspec.msgpack.encode(records)
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return FileDigest(
+        path=path.name, sha256=hashlib.sha256(data).hexdigest(), records=len(records), size=len(data)
+    )

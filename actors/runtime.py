@@ -1,0 +1,284 @@
+"""The actor runtime: one queue, typed handlers, cached replies, signatures, logs, graceful stop.
+
+What happens to every delivery, in order:
+
+1. the signature is checked (``unauthorized``), the bytes decoded (``invalid_message``,
+   ``unsupported_version``), a control command's correlation id checked against its checkpoint id;
+   a refused message gets an ``Error`` reply where it has a reply address, goes to the dead-letter
+   queue with the reason, and is logged. The actor carries on.
+2. a reply cached for (correlation id, command, sender) is sent again without running the handler;
+   a duplicate of a command still running waits for it and gets the same reply.
+3. the handler runs with checkpoint id / rollout id / attempt bound in the log context; it returns the
+   reply (or None). ``ProtocolError`` becomes a typed ``Error`` reply; any other exception an
+   ``internal`` error reply plus a dead-letter copy of the message.
+4. the reply is cached (journalled with a state dir), sent, and the delivery acked, in that order, so
+   a crash at any point leaves the command to be redelivered and answered exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import structlog
+from parkway.actors.client import Client
+from parkway.actors.faults import FaultPoints
+from parkway.actors.replies import ReplyCache
+from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
+from parkway.protocol import codec
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.ids import actor_address, validate_name
+from parkway.protocol.messages import (
+    Capabilities,
+    ControlCommand,
+    Discover,
+    Error,
+    Message,
+    Probe,
+    ProbeResult,
+    Status,
+    StatusReport,
+)
+from parkway.protocol.signing import SENDER_HEADER
+
+log = structlog.get_logger("parkway.actor")
+
+Handler = Callable[[Any], Awaitable[Message | None]]
+
+
+class Actor:
+    """Base of every role. Subclasses set ``role`` and add handlers in ``__init__``."""
+
+    role: ClassVar[str] = "actor"
+    prefetch: ClassVar[int] = 32
+
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        secret: bytes,
+        replica: int = 0,
+        state_dir: Path | None = None,
+        faults: FaultPoints | None = None,
+    ) -> None:
+        validate_name(self.role, "role")
+        self.broker = broker
+        self.replica = replica
+        self.address = actor_address(self.role, replica)
+        self.client = Client(broker, secret=secret, sender=self.address)
+        self.state_dir = state_dir
+        self.faults = faults or FaultPoints()
+        self.replies = ReplyCache(journal=state_dir / "replies.journal" if state_dir else None)
+        self.started_at = time.time()
+        self.handled = 0
+        self.counts: Counter[str] = Counter()  # messages handled by type, errors by code
+        self.handlers: dict[type[Message], Handler] = {
+            Status: self.on_status,
+            Discover: self.on_discover,
+            Probe: self.on_probe,
+        }
+        self._consumer: Consumer | None = None
+        self._stopped = asyncio.Event()
+        self._probe_log = state_dir / "probe.log" if state_dir else None
+
+    @property
+    def run(self) -> str:
+        return self.broker.run
+
+    def log_context(self) -> dict[str, object]:
+        return {"actor": self.address, "role": self.role, "replica": self.replica, "run": self.run}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.broker.declare(self.address)
+        self._consumer = await self.broker.consume(self.address, self._on_delivery, prefetch=self.prefetch)
+        with structlog.contextvars.bound_contextvars(**self.log_context()):
+            log.info("actor_started", pid=os.getpid())
+
+    async def stop(self) -> None:
+        """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""
+        if self._consumer is not None:
+            self._consumer.pause()
+            await self._consumer.drain()
+            await self._consumer.cancel()
+            self._consumer = None
+        with structlog.contextvars.bound_contextvars(**self.log_context()):
+            log.info("actor_stopped", handled=self.handled)
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    @property
+    def in_flight(self) -> int:
+        return self._consumer.in_flight if self._consumer else 0
+
+    # -- the delivery pipeline -----------------------------------------------------------------
+    async def _on_delivery(self, delivery: Delivery) -> None:
+        with structlog.contextvars.bound_contextvars(**self.log_context()):
+            await self._handle(delivery)
+
+    async def _handle(self, delivery: Delivery) -> None:
+        envelope = delivery.envelope
+        sender = envelope.headers.get(SENDER_HEADER, "")
+        try:
+            message = self._open(envelope)
+        except ProtocolError as err:
+            await self._refuse(delivery, err, sender)
+            return
+        handler = self.handlers.get(type(message))
+        if handler is None:
+            await self._refuse(
+                delivery,
+                ProtocolError(
+                    ErrorCode.INVALID_MESSAGE, f"{self.address} does not handle {type(message).__name__}"
+                ),
+                sender,
+            )
+            return
+        key = (envelope.correlation_id, type(message).__name__, sender)
+        cached = self.replies.get(key)
+        if cached is None and (running := self.replies.running(key)) is not None:
+            cached = await running
+        if cached is not None:
+            self.counts["replayed"] += 1
+            log.info("reply_replayed", message_type=key[1], correlation_id=key[0], sender=sender)
+            await self._send_reply(envelope, cached)
+            await delivery.ack()
+            return
+
+        self.replies.begin(key)
+        reply: Message | None
+        failure: Exception | None = None
+        try:
+            with structlog.contextvars.bound_contextvars(**_context_of(message)):
+                try:
+                    reply = await handler(message)
+                except ProtocolError as err:
+                    reply = Error(code=err.code, detail=err.detail, retryable=err.retryable)
+                    log.info("command_refused", message_type=key[1], code=err.code.value, detail=err.detail)
+                except Exception as exc:
+                    failure = exc
+                    reply = Error(code=ErrorCode.INTERNAL, detail=f"{type(exc).__name__}: {exc}")
+                    log.exception("handler_failed", message_type=key[1])
+        except BaseException:
+            self.replies.finish(key, None, remember=False)  # cancelled (stop or crash): redelivered later
+            raise
+        content = codec.encode(reply) if reply is not None else None
+        remember = reply is not None and not (isinstance(reply, Error) and reply.retryable)
+        self.replies.finish(key, content, remember=remember)
+        self.handled += 1
+        self.counts[key[1]] += 1
+        if isinstance(reply, Error):
+            self.counts[f"error:{reply.code.value}"] += 1
+        self.faults.reach("after_reply_journaled", key[1])
+        if content is not None:
+            await self._send_reply(envelope, content)
+        self.faults.reach("after_reply_sent", key[1])
+        if failure is not None:
+            await self.broker.dead_letter(delivery, code=ErrorCode.INTERNAL.value, detail=str(failure))
+        else:
+            await delivery.ack()
+
+    def _open(self, envelope: Envelope) -> Message:
+        message = self.client.open(envelope)
+        if isinstance(message, ControlCommand) and envelope.correlation_id != message.checkpoint_id:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"correlation id {envelope.correlation_id!r} differs from checkpoint id {message.checkpoint_id!r}",
+            )
+        return message
+
+    async def _refuse(self, delivery: Delivery, err: ProtocolError, sender: str) -> None:
+        self.counts[f"error:{err.code.value}"] += 1
+        log.warning(
+            "message_refused",
+            code=err.code.value,
+            detail=err.detail,
+            sender=sender,
+            correlation_id=delivery.envelope.correlation_id,
+            bytes=len(delivery.envelope.body),
+        )
+        error = Error(code=err.code, detail=err.detail, retryable=err.retryable)
+        with contextlib.suppress(Exception):  # a reply we cannot send must not lose the dead letter
+            await self._send_reply(delivery.envelope, codec.encode(error))
+        await self.broker.dead_letter(delivery, code=err.code.value, detail=err.detail)
+
+    async def _send_reply(self, request: Envelope, content: bytes) -> None:
+        if not request.reply_to:
+            return
+        content_type = codec.MSGPACK
+        with contextlib.suppress(ProtocolError):
+            content_type = codec.content_kind(request.content_type, request.body)
+        reply = codec.decode(content, codec.MSGPACK)
+        headers = {}
+        if REQUEST_ID_HEADER in request.headers:
+            headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
+        envelope = self.client.envelope(
+            reply,
+            correlation_id=request.correlation_id,
+            content_type=content_type,
+            headers=headers,
+            persistent=False,
+        )
+        await self.broker.reply(request.reply_to, envelope)
+
+    # -- handlers every actor has --------------------------------------------------------------
+    def phase_name(self) -> str:
+        return "serving"
+
+    def status_extras(self) -> dict[str, Any]:
+        return {}
+
+    async def on_status(self, _: Status) -> Message:
+        return StatusReport(
+            role=self.role,
+            replica=self.replica,
+            run=self.run,
+            pid=os.getpid(),
+            phase=self.phase_name(),
+            in_flight=max(0, self.in_flight - 1),  # not counting this Status itself
+            started_at=self.started_at,
+            handled=self.handled,
+            counts=dict(self.counts),
+            **self.status_extras(),
+        )
+
+    async def on_discover(self, _: Discover) -> Message:
+        return Capabilities(role=self.role, replica=self.replica)
+
+    async def on_probe(self, probe: Probe) -> Message:
+        if probe.work_s:
+            await asyncio.sleep(probe.work_s)
+        executions = 1
+        if self._probe_log is not None:
+            # The effect is the journal line; its reply is cached, so a redelivery does not repeat it.
+            self._probe_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._probe_log, "a") as handle:
+                handle.write(f"{probe.checkpoint_id} {os.getpid()}\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            executions = sum(
+                1
+                for line in self._probe_log.read_text().splitlines()
+                if line.split()[0] == probe.checkpoint_id
+            )
+        return ProbeResult(pid=os.getpid(), executions=executions, note=probe.note)
+
+
+def _context_of(message: Message) -> dict[str, object]:
+    """What to bind in the log context for this message."""
+    context: dict[str, object] = {}
+    if isinstance(message, ControlCommand):
+        context["checkpoint_id"] = message.checkpoint_id
+    rollout_id = getattr(message, "rollout_id", None)
+    if rollout_id is not None:
+        context["rollout_id"] = rollout_id
+        context["attempt"] = getattr(message, "attempt", None)
+    return context

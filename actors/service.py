@@ -1,0 +1,70 @@
+"""Running actors as a long-lived service: signals, the log sink, graceful stop.
+
+SIGTERM or SIGINT: every actor finishes the handler in progress, leaves the rest unacked for
+redelivery, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+from parkway.actors.faults import FaultPoints
+from parkway.actors.logs import BrokerLogSink, attach_sink, detach_sink
+from parkway.actors.participant import Participant
+from parkway.actors.roles import ROLES
+from parkway.actors.runtime import Actor
+from parkway.actors.settings import RunSettings
+from parkway.brokers.base import Broker
+
+log = structlog.get_logger("parkway.service")
+
+
+def build_actor(role: str, replica: int, broker: Broker, settings: RunSettings, *, durable: bool) -> Actor:
+    """One actor of ``role``; ``durable`` gives it a state dir (reply journal) under the state root."""
+    cls = ROLES[role]
+    state_dir = settings.state_root / "state" / settings.run / role / str(replica) if durable else None
+    kwargs: dict[str, object] = {
+        "secret": settings.secret,
+        "replica": replica,
+        "state_dir": state_dir,
+        "faults": FaultPoints(),
+    }
+    if issubclass(cls, Participant):
+        kwargs["snapshot_root"] = Path(settings.state_root) / "snapshots"
+    return cls(broker, **kwargs)  # type: ignore[arg-type]
+
+
+async def serve(
+    broker: Broker,
+    actors: list[Actor],
+    *,
+    duration_s: float | None = None,
+    on_started: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Start ``actors`` on ``broker`` and serve until a signal (or ``duration_s``), then stop cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sink = BrokerLogSink(broker)
+    sink.start()
+    attach_sink(sink)
+    try:
+        for actor in actors:
+            await actor.start()
+        if on_started is not None:
+            await on_started()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), duration_s)
+        log.info("service_stopping", actors=len(actors))
+        await asyncio.gather(*(actor.stop() for actor in actors))
+    finally:
+        await sink.stop()
+        detach_sink(sink)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

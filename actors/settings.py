@@ -1,0 +1,54 @@
+"""Process settings that come from the environment: the run, its secret, the broker URL.
+
+Credentials never come from code: the broker URL (with its password) and the run secret are read from
+``PARKWAY_BROKER_URL`` and ``PARKWAY_SECRET``; a command-line flag may override the URL.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from parkway.protocol.ids import validate_name
+
+DEFAULT_RUN = "default"
+MEMORY_URL = "memory://"
+
+
+class SettingsError(Exception):
+    """A setting is missing or malformed; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    run: str
+    secret: bytes
+    broker_url: str
+    state_root: Path
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        broker_url: str | None = None,
+        run: str | None = None,
+        allow_ephemeral_secret: bool = False,
+    ) -> RunSettings:
+        url = broker_url or os.environ.get("PARKWAY_BROKER_URL") or MEMORY_URL
+        run_name = run or os.environ.get("PARKWAY_RUN") or DEFAULT_RUN
+        try:
+            validate_name(run_name, "run")
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        secret_text = os.environ.get("PARKWAY_SECRET", "")
+        if not secret_text:
+            if not (allow_ephemeral_secret or url.startswith(MEMORY_URL)):
+                raise SettingsError(
+                    "PARKWAY_SECRET is not set: every actor and client of a run signs its control messages "
+                    "with this shared secret (put it in .env, see .env.example)"
+                )
+            secret_text = secrets.token_hex(32)
+        state_root = Path(os.environ.get("PARKWAY_STATE_DIR", ".parkway"))
+        return cls(run=run_name, secret=secret_text.encode(), broker_url=url, state_root=state_root)

@@ -1,0 +1,267 @@
+"""The broker interface every transport implements, and the pieces both implementations share.
+
+Semantics (checked by ``tests/contract`` against both brokers):
+
+- Addresses (``role/replica`` or any name) map to durable queues inside one run's namespace; two runs
+  on one broker never see each other's messages.
+- ``publish`` returns once the broker confirmed the message; an address nobody declared raises
+  ``Unroutable`` instead of dropping the message silently.
+- ``request`` publishes with a reply address and waits for the one reply carrying the request's id,
+  until an absolute deadline (``RequestTimeout``). Late or duplicate replies are dropped and counted.
+- ``consume`` delivers with manual acknowledgement, at most ``prefetch`` unacknowledged at a time. A
+  delivery that is neither acked nor nacked when its consumer stops (cancel, connection loss, process
+  death) is redelivered with ``redelivered=True``.
+- A consumer can be paused and resumed: while paused, deliveries are held (unacked, in order) and the
+  handler is not called; resume hands them over first. This is what an admission gate is made of.
+- ``dead_letter`` moves a delivery to the run's dead-letter queue with the error that sent it there.
+- Logs go to a per-run log stream; ``follow_logs`` reads it from the start or live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+REQUEST_ID_HEADER = "x-parkway-request-id"
+ERROR_CODE_HEADER = "x-parkway-error-code"
+ERROR_DETAIL_HEADER = "x-parkway-error-detail"
+ORIGIN_HEADER = "x-parkway-origin"
+CHECKPOINT_HEADER = "x-parkway-checkpoint-id"
+
+
+class BrokerError(Exception):
+    """A transport failure (connection lost, channel closed). Retryable by nature."""
+
+
+class Unroutable(BrokerError):
+    """Published to an address that has no queue in this run."""
+
+
+class RequestTimeout(BrokerError):
+    """No reply arrived before the request's deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message as the transport sees it: opaque body plus routing facts."""
+
+    body: bytes
+    content_type: str
+    correlation_id: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    reply_to: str | None = None
+    persistent: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    envelope: Envelope
+    origin: str
+    code: str
+    detail: str
+
+
+class Delivery(ABC):
+    """One received message. Exactly one of ack / nack / dead_letter settles it."""
+
+    def __init__(self, envelope: Envelope, *, address: str, redelivered: bool) -> None:
+        self.envelope = envelope
+        self.address = address
+        self.redelivered = redelivered
+        self.settled = False
+
+    async def ack(self) -> None:
+        if not self.settled:
+            self.settled = True
+            await self._ack()
+
+    async def nack(self, *, requeue: bool = True) -> None:
+        if not self.settled:
+            self.settled = True
+            await self._nack(requeue)
+
+    @abstractmethod
+    async def _ack(self) -> None: ...
+
+    @abstractmethod
+    async def _nack(self, requeue: bool) -> None: ...
+
+
+DeliveryHandler = Callable[[Delivery], Awaitable[None]]
+
+
+class Consumer:
+    """A running consumption of one queue. Shared by both brokers so pause means the same thing."""
+
+    def __init__(self, handler: DeliveryHandler) -> None:
+        self._handler = handler
+        self._paused = False
+        self._held: collections.deque[Delivery] = collections.deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def held(self) -> int:
+        """Deliveries received while paused, waiting for ``resume``."""
+        return len(self._held)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def offer(self, delivery: Delivery) -> None:
+        """Called by the transport for each delivery, in queue order."""
+        if self._closed:
+            return  # the transport requeues it when the consumer's channel closes
+        if self._paused:
+            self._held.append(delivery)
+        else:
+            self._start(delivery)
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        while self._held and not self._paused:
+            self._start(self._held.popleft())
+
+    async def drain(self) -> None:
+        """Wait for the handlers already running (not the held deliveries)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _start(self, delivery: Delivery) -> None:
+        task = asyncio.get_running_loop().create_task(self._handler(delivery))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self) -> None:
+        """Stop consuming. Running handlers are cancelled; everything unsettled is redelivered."""
+        self._closed = True
+        self._held.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._close_transport()
+
+    async def _close_transport(self) -> None:
+        """Transport hook: stop the flow and make unsettled deliveries redeliverable."""
+
+
+class Broker(ABC):
+    """One process's connection to one run's namespace on a broker."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.duplicate_replies = 0
+        self.reconnects = 0
+
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def declare(self, address: str) -> None:
+        """Make sure the queue for ``address`` exists (durable, dead-lettering to the run's DLQ)."""
+
+    @abstractmethod
+    async def publish(self, address: str, envelope: Envelope) -> None: ...
+
+    @abstractmethod
+    async def request(self, address: str, envelope: Envelope, *, deadline: float) -> Envelope:
+        """Publish ``envelope`` and return the reply to it, or raise ``RequestTimeout`` at ``deadline``."""
+
+    @abstractmethod
+    async def reply(self, reply_to: str, envelope: Envelope) -> None: ...
+
+    @abstractmethod
+    async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer: ...
+
+    @abstractmethod
+    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> None:
+        """Move a delivery to the dead-letter queue (confirmed), then settle it."""
+
+    @abstractmethod
+    async def read_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        """Take up to ``limit`` messages off the dead-letter queue (for tests and the CLI)."""
+
+    @abstractmethod
+    async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None: ...
+
+    @abstractmethod
+    def follow_logs(self, *, from_start: bool = True) -> AsyncIterator[bytes]:
+        """Log lines of this run, oldest first when ``from_start``, then live ones as they come."""
+
+
+class PendingReplies:
+    """Futures of requests in flight, keyed by request id. Shared by both brokers."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._futures: dict[str, asyncio.Future[Envelope]] = {}
+
+    def open(self, request_id: str) -> asyncio.Future[Envelope]:
+        future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        self._futures[request_id] = future
+        return future
+
+    def close(self, request_id: str) -> None:
+        self._futures.pop(request_id, None)
+
+    def deliver(self, envelope: Envelope) -> None:
+        future = self._futures.pop(envelope.headers.get(REQUEST_ID_HEADER, ""), None)
+        if future is None or future.done():
+            self._broker.duplicate_replies += 1
+            return
+        future.set_result(envelope)
+
+    def fail_all(self, exc: BaseException) -> None:
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._futures.clear()
+
+    async def wait(self, request_id: str, future: asyncio.Future[Envelope], *, deadline: float) -> Envelope:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + max(0.0, deadline - time.time())):
+                return await future
+        except TimeoutError:
+            raise RequestTimeout(f"no reply to request {request_id} before its deadline") from None
+        finally:
+            self.close(request_id)
+
+
+def dead_letter_headers(envelope: Envelope, *, origin: str, code: str, detail: str) -> dict[str, str]:
+    headers = dict(envelope.headers)
+    headers[ORIGIN_HEADER] = origin
+    headers[ERROR_CODE_HEADER] = code
+    headers[ERROR_DETAIL_HEADER] = detail[:2000]
+    return headers
+
+
+def as_dead_letter(envelope: Envelope) -> DeadLetter:
+    return DeadLetter(
+        envelope=envelope,
+        origin=envelope.headers.get(ORIGIN_HEADER, ""),
+        code=envelope.headers.get(ERROR_CODE_HEADER, "expired_or_rejected"),
+        detail=envelope.headers.get(ERROR_DETAIL_HEADER, ""),
+    )

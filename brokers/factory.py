@@ -1,0 +1,20 @@
+"""Pick a transport from a URL: ``memory://`` (in-process) or ``amqp://`` / ``amqps://`` (RabbitMQ)."""
+
+from __future__ import annotations
+
+from parkway.brokers.base import Broker
+from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+# One hub per process: every ``memory://`` connection in a process shares it, like one broker node.
+_PROCESS_HUB = MemoryHub()
+
+
+def connect(url: str, run: str, *, connection_name: str | None = None) -> Broker:
+    """A not-yet-started broker connection for ``run`` (use ``async with`` or ``await start()``)."""
+    if url.startswith("memory://"):
+        return MemoryBroker(_PROCESS_HUB, run)
+    if url.startswith(("amqp://", "amqps://")):
+        from parkway.brokers.rabbitmq import RabbitBroker  # aio-pika loads only when used
+
+        return RabbitBroker(url, run, connection_name=connection_name)
+    raise ValueError(f"unsupported broker URL {url!r}: use memory:// or amqp://user:pass@host:port/")

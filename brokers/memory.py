@@ -1,0 +1,211 @@
+"""An in-memory broker with the same semantics as the RabbitMQ one, for unit tests and ``parkway up``.
+
+``MemoryHub`` is the broker "server" (queues, the dead-letter queue, the log stream), shared by every
+``MemoryBroker`` connection in the process. A connection that closes, like a process that dies,
+hands its unsettled deliveries back to their queues, marked redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from parkway.brokers.base import (
+    REQUEST_ID_HEADER,
+    Broker,
+    Consumer,
+    DeadLetter,
+    Delivery,
+    DeliveryHandler,
+    Envelope,
+    PendingReplies,
+    Unroutable,
+    as_dead_letter,
+    dead_letter_headers,
+)
+
+LOG_STREAM_LIMIT = 100_000  # lines kept, oldest dropped first (a stream with a retention limit)
+
+
+@dataclass
+class _Queue:
+    messages: collections.deque[tuple[Envelope, bool]] = field(default_factory=collections.deque)
+    consumers: list[_MemoryConsumer] = field(default_factory=list)
+    turn: int = 0  # round-robin position among consumers
+
+
+class MemoryHub:
+    """The shared state of an in-process broker."""
+
+    def __init__(self) -> None:
+        self.queues: dict[tuple[str, str], _Queue] = {}
+        self.dead: dict[str, collections.deque[Envelope]] = collections.defaultdict(collections.deque)
+        self.logs: dict[str, collections.deque[bytes]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=LOG_STREAM_LIMIT)
+        )
+        self.log_followers: dict[str, set[asyncio.Queue[bytes]]] = collections.defaultdict(set)
+        self.reply_sinks: dict[str, PendingReplies] = {}
+        self._ids = itertools.count()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def enqueue(self, run: str, address: str, envelope: Envelope, *, redelivered: bool = False) -> None:
+        queue = self.queues.get((run, address))
+        if queue is None:
+            raise Unroutable(f"no queue for address {address!r} in run {run!r}")
+        queue.messages.append((envelope, redelivered))
+        self.pump(queue)
+
+    def requeue_front(self, run: str, address: str, envelopes: list[Envelope]) -> None:
+        queue = self.queues.get((run, address))
+        if queue is None:
+            return
+        for envelope in reversed(envelopes):
+            queue.messages.appendleft((envelope, True))
+        self.pump(queue)
+
+    def pump(self, queue: _Queue) -> None:
+        """Hand queued messages to consumers with free prefetch, round-robin."""
+        while queue.messages:
+            ready = [c for c in queue.consumers if c.has_capacity()]
+            if not ready:
+                return
+            consumer = ready[queue.turn % len(ready)]
+            queue.turn += 1
+            envelope, redelivered = queue.messages.popleft()
+            consumer.deliver(envelope, redelivered)
+
+
+class _MemoryDelivery(Delivery):
+    def __init__(self, consumer: _MemoryConsumer, envelope: Envelope, redelivered: bool) -> None:
+        super().__init__(envelope, address=consumer.address, redelivered=redelivered)
+        self._consumer = consumer
+
+    async def _ack(self) -> None:
+        self._consumer.settle(self, requeue=False)
+
+    async def _nack(self, requeue: bool) -> None:
+        self._consumer.settle(self, requeue=requeue)
+
+
+class _MemoryConsumer(Consumer):
+    def __init__(self, hub: MemoryHub, run: str, address: str, handler: DeliveryHandler, prefetch: int):
+        super().__init__(handler)
+        self.hub, self.run, self.address, self.prefetch = hub, run, address, prefetch
+        self.unacked: list[_MemoryDelivery] = []
+
+    def has_capacity(self) -> bool:
+        return not self._closed and len(self.unacked) < self.prefetch
+
+    def deliver(self, envelope: Envelope, redelivered: bool) -> None:
+        delivery = _MemoryDelivery(self, envelope, redelivered)
+        self.unacked.append(delivery)
+        self.offer(delivery)
+
+    def settle(self, delivery: _MemoryDelivery, *, requeue: bool) -> None:
+        if delivery in self.unacked:
+            self.unacked.remove(delivery)
+        if requeue:
+            self.hub.requeue_front(self.run, self.address, [delivery.envelope])
+        else:
+            queue = self.hub.queues.get((self.run, self.address))
+            if queue is not None:
+                self.hub.pump(queue)
+
+    async def _close_transport(self) -> None:
+        queue = self.hub.queues.get((self.run, self.address))
+        if queue is not None and self in queue.consumers:
+            queue.consumers.remove(self)
+        pending, self.unacked = [d for d in self.unacked if not d.settled], []
+        for delivery in pending:
+            delivery.settled = True
+        self.hub.requeue_front(self.run, self.address, [d.envelope for d in pending])
+
+
+class MemoryBroker(Broker):
+    """One connection to a ``MemoryHub``."""
+
+    def __init__(self, hub: MemoryHub, run: str) -> None:
+        super().__init__(run)
+        self.hub = hub
+        self._reply_address = f"memory-reply/{hub.next_id()}"
+        self._pending = PendingReplies(self)
+        self._consumers: list[_MemoryConsumer] = []
+        self._request_ids = itertools.count()
+
+    async def start(self) -> None:
+        self.hub.reply_sinks[self._reply_address] = self._pending
+
+    async def close(self) -> None:
+        for consumer in list(self._consumers):
+            await consumer.cancel()
+        self._consumers.clear()
+        self.hub.reply_sinks.pop(self._reply_address, None)
+        self._pending.fail_all(ConnectionError("broker connection closed"))
+
+    async def declare(self, address: str) -> None:
+        self.hub.queues.setdefault((self.run, address), _Queue())
+
+    async def publish(self, address: str, envelope: Envelope) -> None:
+        await asyncio.sleep(0)  # a publish is a suspension point, as it is over the network
+        self.hub.enqueue(self.run, address, envelope)
+
+    async def request(self, address: str, envelope: Envelope, *, deadline: float) -> Envelope:
+        request_id = f"{self._reply_address}#{next(self._request_ids)}"
+        headers = {**envelope.headers, REQUEST_ID_HEADER: request_id}
+        future = self._pending.open(request_id)
+        try:
+            await self.publish(address, replace(envelope, headers=headers, reply_to=self._reply_address))
+        except BaseException:
+            self._pending.close(request_id)
+            raise
+        return await self._pending.wait(request_id, future, deadline=deadline)
+
+    async def reply(self, reply_to: str, envelope: Envelope) -> None:
+        await asyncio.sleep(0)
+        sink = self.hub.reply_sinks.get(reply_to)
+        if sink is not None:  # like direct reply-to: a reply to a gone client is dropped
+            sink.deliver(envelope)
+
+    async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer:
+        queue = self.hub.queues.get((self.run, address))
+        if queue is None:
+            raise Unroutable(f"no queue for address {address!r} in run {self.run!r}")
+        consumer = _MemoryConsumer(self.hub, self.run, address, handler, prefetch)
+        queue.consumers.append(consumer)
+        self._consumers.append(consumer)
+        self.hub.pump(queue)
+        return consumer
+
+    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> None:
+        headers = dead_letter_headers(delivery.envelope, origin=delivery.address, code=code, detail=detail)
+        self.hub.dead[self.run].append(replace(delivery.envelope, headers=headers))
+        await delivery.ack()
+
+    async def read_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        dead = self.hub.dead[self.run]
+        taken: list[DeadLetter] = []
+        while dead and len(taken) < limit:
+            taken.append(as_dead_letter(dead.popleft()))
+        return taken
+
+    async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None:
+        self.hub.logs[self.run].append(line)
+        for follower in self.hub.log_followers[self.run]:
+            follower.put_nowait(line)
+
+    async def follow_logs(self, *, from_start: bool = True) -> AsyncIterator[bytes]:
+        live: asyncio.Queue[bytes] = asyncio.Queue()
+        backlog = list(self.hub.logs[self.run]) if from_start else []
+        self.hub.log_followers[self.run].add(live)
+        try:
+            for line in backlog:
+                yield line
+            while True:
+                yield await live.get()
+        finally:
+            self.hub.log_followers[self.run].discard(live)

@@ -1,0 +1,3 @@
+"""The pure core of parkway: messages, identities and phase machines. No I/O lives here."""
+
+SCHEMA_VERSION = 1

@@ -1,0 +1,91 @@
+"""Bytes <-> typed messages. MessagePack by default; JSON accepted by content type.
+
+Decoding is done in two steps so each failure gets the right code: a lenient look at ``type`` and
+``v`` first (unknown version -> ``unsupported_version``, unknown type -> ``invalid_message``), then a
+strict decode of the whole message against its Struct.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+from parkway.protocol import SCHEMA_VERSION
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import MESSAGE_TYPES, AnyMessage, Message
+
+MSGPACK: Final = "application/msgpack"
+JSON: Final = "application/json"
+_MSGPACK_ALIASES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
+_JSON_ALIASES = frozenset({JSON, "text/json"})
+
+# Bodies above this are refused before any parsing (control and data messages are small).
+MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+
+
+class _Header(msgspec.Struct):
+    type: str
+    v: int
+
+
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_json_encoder = msgspec.json.Encoder()
+_msgpack_decoder = msgspec.msgpack.Decoder(AnyMessage)
+_json_decoder = msgspec.json.Decoder(AnyMessage)
+_msgpack_header = msgspec.msgpack.Decoder(_Header)
+_json_header = msgspec.json.Decoder(_Header)
+
+
+def content_kind(content_type: str | None, body: bytes) -> str:
+    """Normalise a content type; sniff when a foreign client sent none ('{' is never a msgpack map)."""
+    if content_type:
+        base = content_type.split(";", 1)[0].strip().lower()
+        if base in _MSGPACK_ALIASES:
+            return MSGPACK
+        if base in _JSON_ALIASES:
+            return JSON
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"unsupported content type {content_type!r}")
+    return JSON if body[:1] in (b"{", b" ", b"\n", b"\t", b"\r") else MSGPACK
+
+
+def encode(message: Message, content_type: str = MSGPACK) -> bytes:
+    if content_type == JSON:
+        return _json_encoder.encode(message)
+    return _msgpack_encoder.encode(message)
+
+
+def decode(body: bytes, content_type: str | None = None) -> Message:
+    """Decode one message or raise ``ProtocolError`` with ``invalid_message``/``unsupported_version``."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE, f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}"
+        )
+    kind = content_kind(content_type, body)
+    header_decoder, full_decoder = (
+        (_json_header, _json_decoder) if kind == JSON else (_msgpack_header, _msgpack_decoder)
+    )
+    try:
+        header = header_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"not a parkway message: {exc}") from None
+    if header.v != SCHEMA_VERSION:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"schema version {header.v} is not supported (this actor speaks {SCHEMA_VERSION})",
+        )
+    if header.type not in MESSAGE_TYPES:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"unknown message type {header.type!r}")
+    try:
+        return full_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid {header.type}: {exc}") from None
+
+
+def to_builtins(message: Message) -> dict[str, object]:
+    """A JSON-ready dict of a message, with its ``type`` tag (for printing and logs)."""
+    return msgspec.to_builtins(message)  # type: ignore[return-value]
+
+
+def from_builtins(data: dict[str, object]) -> Message:
+    """Build a message from a dict (CLI ``--set``); same checks as ``decode``."""
+    return decode(_json_encoder.encode(data), JSON)

@@ -1,0 +1,372 @@
+"""Every message parkway sends, as frozen msgspec Structs in one tagged union.
+
+The tag field is ``type`` (the class name); ``v`` is the schema version. Decoding is strict: unknown
+fields, wrong types and unknown tags are refused at the edge (see ``codec``), so handlers only ever
+see plain, valid, typed objects.
+
+Control commands carry the checkpoint id, which is also their AMQP correlation id, and an absolute
+deadline (Unix seconds). Commit and Restore name a snapshot location relative to the participant's
+own snapshot root and the exact episode scope.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from parkway.protocol import SCHEMA_VERSION
+from parkway.protocol.errors import ErrorCode
+from parkway.protocol.ids import is_valid_checkpoint_id
+
+# A snapshot location is one path component we chose: ``tmp_<id>`` while written, ``snapshot_<seq>`` after.
+LOCATION_PATTERN = re.compile(r"^(tmp_[A-Za-z0-9][A-Za-z0-9._-]{0,127}|snapshot_[0-9]{1,12})$")
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
+    """Base of every message. Subclasses are tagged with their class name."""
+
+    v: int = SCHEMA_VERSION
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared parts
+
+
+class AttemptRef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One attempt of one logical rollout."""
+
+    rollout_id: str
+    attempt: int
+
+    def __post_init__(self) -> None:
+        if not self.rollout_id:
+            raise ValueError("rollout_id is empty")
+        if self.attempt < 0:
+            raise ValueError(f"attempt {self.attempt} is negative")
+
+
+class EpisodeRef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An attempt together with the replica that runs it: the exact scope of a commit or restore."""
+
+    rollout_id: str
+    attempt: int
+    replica: int
+
+    def __post_init__(self) -> None:
+        if not self.rollout_id:
+            raise ValueError("rollout_id is empty")
+        if self.attempt < 0 or self.replica < 0:
+            raise ValueError("attempt and replica must be >= 0")
+
+
+class FileDigest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One file a participant wrote at commit, as its manifest lists it."""
+
+    path: str
+    sha256: str
+    records: int
+    size: int
+
+
+def _check_location(location: str) -> None:
+    if not LOCATION_PATTERN.fullmatch(location):
+        raise ValueError(f"location {location!r} does not match {LOCATION_PATTERN.pattern}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Control commands (controller or CLI -> participant). Correlation id = checkpoint id.
+
+
+class ControlCommand(Message, frozen=True, kw_only=True):
+    checkpoint_id: str
+    deadline: float
+
+    def __post_init__(self) -> None:
+        if not is_valid_checkpoint_id(self.checkpoint_id):
+            raise ValueError(f"checkpoint_id {self.checkpoint_id!r} is not a valid checkpoint id")
+
+
+class Discover(ControlCommand, frozen=True, kw_only=True):
+    """Ask a participant for its capabilities (role, mode, restart-only flag, features)."""
+
+
+class Status(ControlCommand, frozen=True, kw_only=True):
+    """Ask an actor for its status. The checkpoint id here is just the request's id."""
+
+
+class Prepare(ControlCommand, frozen=True, kw_only=True):
+    """Park at the nearest boundary and hold; answer when ready or when the deadline passes."""
+
+
+class Renew(ControlCommand, frozen=True, kw_only=True):
+    """Extend the lease of the active checkpoint to this command's deadline (plus grace)."""
+
+
+class Commit(ControlCommand, frozen=True, kw_only=True):
+    """Write the participant's records under ``location`` for exactly ``episodes``."""
+
+    location: str
+    episodes: tuple[EpisodeRef, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_location(self.location)
+
+
+class Resume(ControlCommand, frozen=True, kw_only=True):
+    """Leave the checkpoint: reopen admission and release held replies."""
+
+
+class Abort(ControlCommand, frozen=True, kw_only=True):
+    """Cancel whatever phase this id reached and fence the id."""
+
+    reason: str = ""
+
+
+class Restore(ControlCommand, frozen=True, kw_only=True):
+    """Install saved state from ``location`` for exactly ``episodes``, then stay paused until Resume."""
+
+    location: str
+    episodes: tuple[EpisodeRef, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_location(self.location)
+
+
+class Retire(ControlCommand, frozen=True, kw_only=True):
+    """Stop these attempts for good; later messages from them are refused."""
+
+    attempts: tuple[AttemptRef, ...] = ()
+
+
+class Forget(ControlCommand, frozen=True, kw_only=True):
+    """Drop all memory of these retired attempts."""
+
+    attempts: tuple[AttemptRef, ...] = ()
+
+
+class Probe(ControlCommand, frozen=True, kw_only=True):
+    """Diagnostic: hold for ``work_s`` seconds, journal the execution, answer ``ProbeResult``.
+
+    It exercises the real queue, handler and reply path of an actor, so ``parkway publish probe`` is
+    a liveness check and the round-trip benchmark's unit of work.
+    """
+
+    work_s: float = 0.0
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.work_s <= 3600.0:
+            raise ValueError(f"work_s {self.work_s} is outside [0, 3600]")
+
+
+CONTROL_COMMANDS: tuple[type[ControlCommand], ...] = (
+    Discover,
+    Status,
+    Prepare,
+    Renew,
+    Commit,
+    Resume,
+    Abort,
+    Restore,
+    Retire,
+    Forget,
+    Probe,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Replies
+
+
+class Error(Message, frozen=True, kw_only=True):
+    code: ErrorCode
+    detail: str
+    retryable: bool = False
+
+
+class Ok(Message, frozen=True, kw_only=True):
+    detail: str = ""
+
+
+class Capabilities(Message, frozen=True, kw_only=True):
+    role: str
+    replica: int
+    mode: str = "exported"  # exported | stateless | restart_only
+    restart_only: bool = False
+    features: tuple[str, ...] = ()
+
+
+class StatusReport(Message, frozen=True, kw_only=True):
+    role: str
+    replica: int
+    run: str
+    pid: int
+    phase: str
+    checkpoint_id: str | None = None
+    lease_expires_at: float | None = None
+    in_flight: int = 0
+    started_at: float = 0.0
+    handled: int = 0
+    counts: dict[str, int] = {}
+
+
+class Prepared(Message, frozen=True, kw_only=True):
+    checkpoint_id: str
+    parked: int = 0
+    boundaries_passed: int = 0
+    restarts: tuple[AttemptRef, ...] = ()
+
+
+class Committed(Message, frozen=True, kw_only=True):
+    checkpoint_id: str
+    files: tuple[FileDigest, ...] = ()
+    episodes: tuple[EpisodeRef, ...] = ()
+
+
+class Restored(Message, frozen=True, kw_only=True):
+    checkpoint_id: str
+    rollouts: tuple[AttemptRef, ...] = ()
+
+
+class ProbeResult(Message, frozen=True, kw_only=True):
+    pid: int
+    executions: int
+    note: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Data messages
+
+
+class Run(Message, frozen=True, kw_only=True):
+    """Controller -> agent: run (or continue) one attempt of a rollout."""
+
+    rollout_id: str
+    attempt: int
+    group_id: str
+    task: dict[str, object] = {}
+    seed: int = 0
+
+
+class Generate(Message, frozen=True, kw_only=True):
+    """Agent -> policy: one model call."""
+
+    rollout_id: str
+    attempt: int
+    call_index: int
+    token_ids: tuple[int, ...]
+    seed: int = 0
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+
+
+class Generated(Message, frozen=True, kw_only=True):
+    rollout_id: str
+    attempt: int
+    call_index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+    finish_reason: str = "stop"
+    policy_version: int = 0
+
+
+class ToolCall(Message, frozen=True, kw_only=True):
+    """Agent -> resources. (rollout_id, attempt, call_index) is the idempotency key."""
+
+    rollout_id: str
+    attempt: int
+    call_index: int
+    tool: str
+    arguments: dict[str, object] = {}
+
+
+class ToolResult(Message, frozen=True, kw_only=True):
+    rollout_id: str
+    attempt: int
+    call_index: int
+    ok: bool
+    output: dict[str, object] = {}
+    revision: int = 0
+
+
+class StagingRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    capture_key: str
+    turn: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+    policy_version: int = 0
+
+
+class Rows(Message, frozen=True, kw_only=True):
+    """Policy or agent -> TQ: staging rows, one per model call."""
+
+    rows: tuple[StagingRow, ...]
+
+
+class Completed(Message, frozen=True, kw_only=True):
+    """Agent -> controller: a receipt for a finished attempt. The agent keeps it until acknowledged."""
+
+    rollout_id: str
+    attempt: int
+    capture_key: str
+    reward: float
+    turns: int
+    staging_keys: tuple[str, ...] = ()
+
+
+class Ack(Message, frozen=True, kw_only=True):
+    """Controller -> agent: one batch acknowledging many receipts. Acknowledging twice is a no-op."""
+
+    receipts: tuple[AttemptRef, ...]
+
+
+class Failed(Message, frozen=True, kw_only=True):
+    """Agent -> controller: an attempt ended without a result. A typed failure, never a fake sample."""
+
+    rollout_id: str
+    attempt: int
+    code: str
+    detail: str = ""
+
+
+AnyMessage = (
+    Discover
+    | Status
+    | Prepare
+    | Renew
+    | Commit
+    | Resume
+    | Abort
+    | Restore
+    | Retire
+    | Forget
+    | Probe
+    | Error
+    | Ok
+    | Capabilities
+    | StatusReport
+    | Prepared
+    | Committed
+    | Restored
+    | ProbeResult
+    | Run
+    | Generate
+    | Generated
+    | ToolCall
+    | ToolResult
+    | Rows
+    | Completed
+    | Ack
+    | Failed
+)
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.__name__: cls
+    for cls in AnyMessage.__args__  # type: ignore[attr-defined]
+}
+
+
+def is_control(message: Message) -> bool:
+    return isinstance(message, ControlCommand)
