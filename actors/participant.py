@@ -58,6 +58,8 @@ from parkway.protocol.phases import (
 
 log = structlog.get_logger("parkway.participant")
 
+REPLY_MARGIN_S = 0.25
+
 
 @dataclass(frozen=True, slots=True)
 class ParkReport:
@@ -156,7 +158,9 @@ class Participant(Actor):
         parked = asyncio.ensure_future(self.wait_until_parked())
         end_wait = asyncio.ensure_future(ended.wait())
         try:
-            timeout = max(0.0, command.deadline - time.time())
+            # Answer a little before the deadline, so "not parked yet" reaches the controller in time.
+            remaining = command.deadline - time.time()
+            timeout = max(0.0, remaining - min(REPLY_MARGIN_S, 0.1 * remaining))
             done, _ = await asyncio.wait(
                 {parked, end_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
@@ -241,11 +245,14 @@ class Participant(Actor):
         transition = self.phases.apply(event, checkpoint_id, now=time.time(), deadline=deadline)
         self._lease_changed.set()
         if transition.outcome is Outcome.MOVED:
-            log.info("phase", event=event.value, before=transition.before.value, after=transition.after.value)
+            log.info("phase", on=event.value, before=transition.before.value, after=transition.after.value)
         return transition
 
     async def _end(self, checkpoint_id: str) -> None:
         self._ended.setdefault(checkpoint_id, asyncio.Event()).set()
+        # An ended id answers Prepare/Commit/Restore with stale_checkpoint from now on, not with the
+        # reply it got while alive; re-sent Resume and Abort keep their cached answers.
+        self.replies.evict(checkpoint_id, keep=frozenset({"Resume", "Abort"}))
         await self.release()
         # Keep the end events of recent ids only; the phase machine's fence is the lasting record.
         while len(self._ended) > 64:

@@ -57,6 +57,15 @@ class ReplyCache:
         if future is not None and not future.done():
             future.set_result(content if remember else None)
 
+    def evict(self, correlation_id: str, *, keep: frozenset[str] = frozenset()) -> int:
+        """Forget the replies of one id (except message types in ``keep``); returns how many."""
+        doomed = [k for k in self._entries if k[0] == correlation_id and k[1] not in keep]
+        for key in doomed:
+            del self._entries[key]
+            if self._journal is not None:
+                self._append(_Record(*key, b""))  # a tombstone, so a restart does not revive it
+        return len(doomed)
+
     def _store(self, key: ReplyKey, content: bytes) -> None:
         self._entries[key] = content
         self._entries.move_to_end(key)
@@ -83,8 +92,11 @@ class ReplyCache:
             except msgspec.DecodeError:
                 break
             key = (record.correlation_id, record.message_type, record.sender)
-            self._entries[key] = record.content
-            self._entries.move_to_end(key)
+            if record.content:
+                self._entries[key] = record.content
+                self._entries.move_to_end(key)
+            else:
+                self._entries.pop(key, None)
             offset += 4 + size
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)

@@ -49,6 +49,9 @@ from parkway.protocol.signing import SENDER_HEADER
 
 log = structlog.get_logger("parkway.actor")
 
+# Read-only questions: no effect to deduplicate, and a cached answer would be stale.
+QUERIES = (Status, Discover)
+
 Handler = Callable[[Any], Awaitable[Message | None]]
 
 
@@ -142,6 +145,9 @@ class Actor:
                 sender,
             )
             return
+        if isinstance(message, QUERIES):  # read-only: always answered fresh, never cached
+            await self._answer_query(delivery, handler, message)
+            return
         key = (envelope.correlation_id, type(message).__name__, sender)
         cached = self.replies.get(key)
         if cached is None and (running := self.replies.running(key)) is not None:
@@ -185,6 +191,13 @@ class Actor:
             await self.broker.dead_letter(delivery, code=ErrorCode.INTERNAL.value, detail=str(failure))
         else:
             await delivery.ack()
+
+    async def _answer_query(self, delivery: Delivery, handler: Handler, message: Message) -> None:
+        reply = await handler(message)
+        self.counts[type(message).__name__] += 1
+        if reply is not None:
+            await self._send_reply(delivery.envelope, codec.encode(reply))
+        await delivery.ack()
 
     def _open(self, envelope: Envelope) -> Message:
         message = self.client.open(envelope)

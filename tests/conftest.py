@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlparse
 
 import pytest
-
 from parkway.brokers.base import Broker
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
@@ -29,7 +28,9 @@ def rabbitmq_reachable() -> bool:
 @pytest.fixture
 def amqp_url() -> str:
     # A test that needs the real broker fails loudly without it: a skip would hide a missing broker in CI.
-    assert rabbitmq_reachable(), f"RabbitMQ is not reachable at {AMQP_URL}; start it (rabbitmq-server -detached)"
+    assert rabbitmq_reachable(), (
+        f"RabbitMQ is not reachable at {AMQP_URL}; start it (rabbitmq-server -detached)"
+    )
     return AMQP_URL
 
 

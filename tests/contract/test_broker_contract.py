@@ -6,18 +6,17 @@ import asyncio
 import time
 
 import pytest
-
 from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope, RequestTimeout, Unroutable
+
+from tests.waiting import until
 
 
 def env(body: bytes, correlation_id: str = "c-1") -> Envelope:
     return Envelope(body=body, content_type="text/plain", correlation_id=correlation_id)
 
 
-async def collect(n: int, received: list[Delivery], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while len(received) < n:
-            await asyncio.sleep(0.005)
+async def collect(n: int, received: list, timeout: float = 5.0) -> None:
+    await until(lambda: len(received) >= n, timeout=timeout)
 
 
 async def test_publish_then_consume_in_order_with_manual_ack(make_broker) -> None:
@@ -134,16 +133,14 @@ async def test_pause_holds_deliveries_and_resume_hands_them_over_in_order(make_b
 
         consumer = await broker.consume("gate/0", handler, prefetch=8)
         await broker.publish("gate/0", env(b"before"))
-        await collect(1, handled)  # type: ignore[arg-type]
+        await collect(1, handled)
         consumer.pause()
         for i in range(3):
             await broker.publish("gate/0", env(f"during{i}".encode()))
-        async with asyncio.timeout(5):
-            while consumer.held < 3:  # they did arrive, and were held rather than handled
-                await asyncio.sleep(0.005)
+        await until(lambda: consumer.held == 3)  # they did arrive, and were held rather than handled
         assert handled == [b"before"]
         consumer.resume()
-        await collect(4, handled)  # type: ignore[arg-type]
+        await collect(4, handled)
         assert handled == [b"before", b"during0", b"during1", b"during2"]
 
 

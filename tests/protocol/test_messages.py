@@ -1,0 +1,157 @@
+"""Every message round-trips through both encodings; bad bytes get the right typed error."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+from parkway.protocol import SCHEMA_VERSION, codec
+from parkway.protocol import messages as m
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.ids import capture_key, is_valid_checkpoint_id, rollout_id
+
+NOW = 1_800_000_000.0
+ATTEMPT = m.AttemptRef(rollout_id="g1_g0", attempt=1)
+EPISODE = m.EpisodeRef(rollout_id="g1_g0", attempt=1, replica=0)
+
+EXAMPLES: list[m.Message] = [
+    m.Discover(checkpoint_id="ck-1", deadline=NOW),
+    m.Status(checkpoint_id="status-1", deadline=NOW),
+    m.Prepare(checkpoint_id="ck-1", deadline=NOW),
+    m.Renew(checkpoint_id="ck-1", deadline=NOW),
+    m.Commit(checkpoint_id="ck-1", deadline=NOW, location="tmp_ck-1", episodes=(EPISODE,)),
+    m.Resume(checkpoint_id="ck-1", deadline=NOW),
+    m.Abort(checkpoint_id="ck-1", deadline=NOW, reason="agent/1 unreachable"),
+    m.Restore(checkpoint_id="rs-1", deadline=NOW, location="snapshot_12", episodes=(EPISODE,)),
+    m.Retire(checkpoint_id="ck-1", deadline=NOW, attempts=(ATTEMPT,)),
+    m.Forget(checkpoint_id="ck-1", deadline=NOW, attempts=(ATTEMPT,)),
+    m.Probe(checkpoint_id="p-1", deadline=NOW, work_s=0.5, note="hello"),
+    m.Error(code=ErrorCode.STALE_CHECKPOINT, detail="ended", retryable=False),
+    m.Ok(detail="resumed"),
+    m.Capabilities(role="resources", replica=1, mode="restart_only", restart_only=True, features=("x",)),
+    m.StatusReport(role="agent", replica=0, run="r", pid=1, phase="idle", counts={"Status": 2}),
+    m.Prepared(checkpoint_id="ck-1", parked=3, boundaries_passed=7, restarts=(ATTEMPT,)),
+    m.Committed(
+        checkpoint_id="ck-1",
+        files=(m.FileDigest(path="a.msgpack", sha256="0" * 64, records=2, size=10),),
+        episodes=(EPISODE,),
+    ),
+    m.Restored(checkpoint_id="rs-1", rollouts=(ATTEMPT,)),
+    m.ProbeResult(pid=7, executions=1),
+    m.Run(rollout_id="g1_g0", attempt=0, group_id="g1", task={"prompt": "add 2"}, seed=3),
+    m.Generate(rollout_id="g1_g0", attempt=0, call_index=2, token_ids=(1, 2, 3), seed=3, stop_token_ids=(0,)),
+    m.Generated(rollout_id="g1_g0", attempt=0, call_index=2, token_ids=(4, 5), logprobs=(-0.1, -0.2)),
+    m.ToolCall(rollout_id="g1_g0", attempt=0, call_index=3, tool="transfer", arguments={"amount": 5}),
+    m.ToolResult(rollout_id="g1_g0", attempt=0, call_index=3, ok=True, output={"balance": 10}, revision=4),
+    m.Rows(rows=(m.StagingRow(capture_key="g1_g0", turn=0, token_ids=(1,), logprobs=(-0.5,)),)),
+    m.Completed(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0, turns=5),
+    m.Ack(receipts=(ATTEMPT,)),
+    m.Failed(rollout_id="g1_g0", attempt=0, code="max_turns", detail="no answer after 8 turns"),
+]
+
+
+def test_examples_cover_every_message_type() -> None:
+    assert {type(e).__name__ for e in EXAMPLES} == set(m.MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("content_type", [codec.MSGPACK, codec.JSON])
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_round_trip(message: m.Message, content_type: str) -> None:
+    body = codec.encode(message, content_type)
+    assert codec.decode(body, content_type) == message
+
+
+def test_json_is_tagged_and_versioned_so_a_script_can_write_it() -> None:
+    body = b'{"type": "Prepare", "v": 1, "checkpoint_id": "ck-7", "deadline": 1800000000}'
+    assert codec.decode(body, "application/json") == m.Prepare(checkpoint_id="ck-7", deadline=NOW)
+    assert codec.decode(body, None) == m.Prepare(checkpoint_id="ck-7", deadline=NOW)  # sniffed
+    assert msgspec.json.decode(codec.encode(m.Ok(), codec.JSON)) == {
+        "type": "Ok",
+        "v": SCHEMA_VERSION,
+        "detail": "",
+    }
+
+
+def test_messages_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        EXAMPLES[2].checkpoint_id = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "fragment"),
+    [
+        (b"\xc1\xc1", ErrorCode.INVALID_MESSAGE, "not a parkway message"),
+        (b'{"type": "Prepare"', ErrorCode.INVALID_MESSAGE, "not a parkway message"),
+        (b'{"type": "Launch", "v": 1}', ErrorCode.INVALID_MESSAGE, "unknown message type 'Launch'"),
+        (
+            b'{"type": "Prepare", "v": 2, "checkpoint_id": "a", "deadline": 1}',
+            ErrorCode.UNSUPPORTED_VERSION,
+            "version 2",
+        ),
+        (b'{"type": "Prepare", "checkpoint_id": "a", "deadline": 1}', ErrorCode.INVALID_MESSAGE, "`v`"),
+        (b'{"type": "Prepare", "v": 1, "checkpoint_id": "a"}', ErrorCode.INVALID_MESSAGE, "deadline"),
+        (
+            b'{"type": "Prepare", "v": 1, "checkpoint_id": "a", "deadline": "soon"}',
+            ErrorCode.INVALID_MESSAGE,
+            "deadline",
+        ),
+        (
+            b'{"type": "Prepare", "v": 1, "checkpoint_id": "a", "deadline": 1, "x": 1}',
+            ErrorCode.INVALID_MESSAGE,
+            "unknown field",
+        ),
+        (
+            b'{"type": "Prepare", "v": 1, "checkpoint_id": "../etc", "deadline": 1}',
+            ErrorCode.INVALID_MESSAGE,
+            "checkpoint id",
+        ),
+        (
+            b'{"type": "Commit", "v": 1, "checkpoint_id": "a", "deadline": 1, "location": "../../x"}',
+            ErrorCode.INVALID_MESSAGE,
+            "location",
+        ),
+        (
+            b'{"type": "Ack", "v": 1, "receipts": [{"rollout_id": "r", "attempt": -1}]}',
+            ErrorCode.INVALID_MESSAGE,
+            "negative",
+        ),
+        (b"[1, 2, 3]", ErrorCode.INVALID_MESSAGE, "not a parkway message"),
+    ],
+)
+def test_bad_bodies_get_typed_errors(body: bytes, code: ErrorCode, fragment: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        codec.decode(body, codec.JSON if body[:1] in b"{[" else codec.MSGPACK)
+    assert info.value.code is code
+    assert fragment in info.value.detail
+
+
+def test_unknown_content_type_and_oversized_bodies_are_refused() -> None:
+    with pytest.raises(ProtocolError, match="content type"):
+        codec.decode(b"{}", "text/xml")
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        codec.decode(b" " * (codec.MAX_BODY_BYTES + 1), codec.JSON)
+
+
+@pytest.mark.parametrize("value", ["a", "ck-20261129T1000.123-abc", "A.b_c-9", "x" * 128])
+def test_valid_checkpoint_ids(value: str) -> None:
+    assert is_valid_checkpoint_id(value)
+
+
+@pytest.mark.parametrize("value", ["", ".", "..", "-a", ".hidden", "a/b", "a b", "x" * 129, "a\x00", "ü"])
+def test_invalid_checkpoint_ids(value: str) -> None:
+    assert not is_valid_checkpoint_id(value)
+
+
+def test_rollout_ids_and_capture_keys() -> None:
+    logical = rollout_id("grp7", 1)
+    assert logical == "grp7_g1"
+    assert capture_key(logical, 0) == "grp7_g1"
+    assert capture_key(logical, 2) == "grp7_g1-a2"
+    with pytest.raises(ValueError):
+        capture_key(logical, -1)
+
+
+def test_deadlines_are_absolute_unix_seconds() -> None:
+    prepare = m.Prepare(checkpoint_id="ck", deadline=time.time() + 5)
+    assert prepare.deadline > 1_700_000_000
