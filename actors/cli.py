@@ -28,7 +28,7 @@ from parkway.actors.service import build_actor, serve
 from parkway.actors.settings import RunSettings, SettingsError
 from parkway.brokers import BrokerError, RequestTimeout, connect
 from parkway.brokers.urls import redact_url
-from parkway.protocol import codec
+from parkway.protocol import SCHEMA_VERSION, codec
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import actor_address, new_checkpoint_id, parse_address, validate_checkpoint_id
 from parkway.protocol.messages import CONTROL_COMMANDS, Error, Probe, Status, StatusReport
@@ -237,6 +237,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     checkpoint_id = validate_checkpoint_id(args.checkpoint_id or new_checkpoint_id("cli"))
     data = {
         "type": COMMANDS[args.command].__name__,
+        "v": SCHEMA_VERSION,
         "checkpoint_id": checkpoint_id,
         "deadline": time.time() + args.timeout,
         **_parse_fields(args.fields),

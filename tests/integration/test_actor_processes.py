@@ -1,0 +1,91 @@
+"""Actors in their own OS processes on the real RabbitMQ, killed with real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+from parkway.actors.client import Client
+from parkway.protocol.messages import Probe, ProbeResult
+
+from tests.integration.processes import status_of, wait_handling, wait_ready
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
+
+
+def probe_lines(state_root, role: str, checkpoint_id: str) -> list[str]:
+    path = state_root / "state" / "state"
+    log = next(path.glob(f"*/{role}/0/probe.log"), None)
+    return (
+        []
+        if log is None
+        else [line for line in log.read_text().splitlines() if line.split()[0] == checkpoint_id]
+    )
+
+
+async def test_sigkill_while_handling_redelivers_and_executes_once(spawn, client: Client, tmp_path) -> None:
+    first = spawn("tq")
+    await wait_ready(client, first)
+    request = asyncio.ensure_future(
+        client.request("tq/0", Probe(checkpoint_id="kill-1", deadline=time.time() + 60, work_s=1.5))
+    )
+    # Wait until this process is inside the handler, then kill it there.
+    await wait_handling(client, "tq/0")
+    first.signal(signal.SIGKILL)
+    assert first.wait() == -signal.SIGKILL
+    assert probe_lines(tmp_path, "tq", "kill-1") == []  # it died before the effect
+
+    second = spawn("tq")
+    reply = await request
+    assert isinstance(reply, ProbeResult)
+    assert (reply.pid, reply.executions) == (second.pid, 1)  # the restarted process ran it, once
+    assert probe_lines(tmp_path, "tq", "kill-1") == [f"kill-1 {second.pid}"]
+    await status_of(client, "tq/0")  # a later round trip with the same process: an extra reply would be here
+    assert client.broker.duplicate_replies == 0
+
+
+async def test_sigkill_after_the_reply_is_journaled_is_answered_from_the_journal(
+    spawn, client: Client, tmp_path
+) -> None:
+    doomed = spawn("tq", PARKWAY_FAULTS="after_reply_journaled:Probe")
+    await wait_ready(client, doomed)
+    request = asyncio.ensure_future(
+        client.request("tq/0", Probe(checkpoint_id="kill-2", deadline=time.time() + 60))
+    )
+    assert (
+        await asyncio.to_thread(doomed.wait) == -signal.SIGKILL
+    )  # executed, journaled, died before replying
+    assert not request.done()
+
+    survivor = spawn("tq")
+    reply = await request
+    assert isinstance(reply, ProbeResult)
+    assert (reply.pid, reply.executions) == (doomed.pid, 1)  # the original execution's reply, not a new one
+    assert probe_lines(tmp_path, "tq", "kill-2") == [f"kill-2 {doomed.pid}"]
+    status = await status_of(client, "tq/0")
+    assert status.pid == survivor.pid and status.counts.get("replayed") == 1 and "Probe" not in status.counts
+    assert client.broker.duplicate_replies == 0
+
+
+async def test_sigterm_finishes_the_handler_in_progress_and_exits_cleanly(spawn, client: Client) -> None:
+    first = spawn("agent")
+    await wait_ready(client, first)
+    running = asyncio.ensure_future(
+        client.request("agent/0", Probe(checkpoint_id="term-1", deadline=time.time() + 60, work_s=1.0))
+    )
+    await wait_handling(client, "agent/0")
+    first.signal(signal.SIGTERM)
+    later = asyncio.ensure_future(
+        client.request("agent/0", Probe(checkpoint_id="term-2", deadline=time.time() + 60))
+    )
+    finished = await running
+    assert isinstance(finished, ProbeResult) and finished.pid == first.pid  # finished, not abandoned
+    assert await asyncio.to_thread(first.wait) == 0
+    assert "actor_stopped" in first.log_text()
+    assert not later.done()  # left on the queue, not lost
+
+    second = spawn("agent")
+    answered = await later
+    assert isinstance(answered, ProbeResult) and answered.pid == second.pid
