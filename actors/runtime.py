@@ -135,6 +135,12 @@ class Actor:
         except ProtocolError as err:
             await self._refuse(delivery, err, sender)
             return
+        except Exception as exc:  # a decoder bug must not strand the delivery unsettled
+            log.exception("decode_failed")
+            await self._refuse(
+                delivery, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"), sender
+            )
+            return
         handler = self.handlers.get(type(message))
         if handler is None:
             await self._refuse(

@@ -66,7 +66,7 @@ def decode(body: bytes, content_type: str | None = None) -> Message:
     )
     try:
         header = header_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"not a parkway message: {exc}") from None
     if header.v != SCHEMA_VERSION:
         raise ProtocolError(
@@ -77,7 +77,8 @@ def decode(body: bytes, content_type: str | None = None) -> Message:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"unknown message type {header.type!r}")
     try:
         return full_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        # msgspec lets a bad UTF-8 string in MessagePack through as UnicodeDecodeError (found by fuzzing).
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid {header.type}: {exc}") from None
 
 

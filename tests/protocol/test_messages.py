@@ -117,6 +117,13 @@ def test_messages_are_frozen() -> None:
             "negative",
         ),
         (b"[1, 2, 3]", ErrorCode.INVALID_MESSAGE, "not a parkway message"),
+        # Found by fuzzing: a MessagePack string that is not UTF-8 (msgspec raises UnicodeDecodeError).
+        (b"\x82\xa4type\xa6Status\xa1v\x97", ErrorCode.INVALID_MESSAGE, "not a parkway message"),
+        (
+            b"\x84\xa4type\xa6Status\xa1v\x01\xadcheckpoint_id\xa2\xff\xfe\xa8deadline\x01",
+            ErrorCode.INVALID_MESSAGE,
+            "invalid Status",
+        ),
     ],
 )
 def test_bad_bodies_get_typed_errors(body: bytes, code: ErrorCode, fragment: str) -> None:
