@@ -108,6 +108,8 @@ class Actor:
         """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""
         if self._consumer is not None:
             self._consumer.pause()
+            with structlog.contextvars.bound_contextvars(**self.log_context()):
+                log.info("actor_stopping", in_flight=self._consumer.in_flight)
             await self._consumer.drain()
             await self._consumer.cancel()
             self._consumer = None
@@ -199,11 +201,12 @@ class Actor:
             await delivery.ack()
 
     async def _answer_query(self, delivery: Delivery, handler: Handler, message: Message) -> None:
+        # At most once: ack first, so a crash never makes a restarted process answer it a second time.
+        await delivery.ack()
         reply = await handler(message)
         self.counts[type(message).__name__] += 1
         if reply is not None:
             await self._send_reply(delivery.envelope, codec.encode(reply))
-        await delivery.ack()
 
     def _open(self, envelope: Envelope) -> Message:
         message = self.client.open(envelope)

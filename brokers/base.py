@@ -162,7 +162,9 @@ class Broker(ABC):
 
     def __init__(self, run: str) -> None:
         self.run = run
-        self.duplicate_replies = 0
+        self.duplicate_replies = 0  # replies to requests that were already answered
+        self.late_replies = 0  # replies that came after their request's deadline
+        self.duplicate_reply_ids: list[str] = []  # correlation ids of the duplicates, for diagnosis
         self.reconnects = 0
 
     async def __aenter__(self) -> Broker:
@@ -217,6 +219,7 @@ class PendingReplies:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._futures: dict[str, asyncio.Future[Envelope]] = {}
+        self._answered: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def open(self, request_id: str) -> asyncio.Future[Envelope]:
         future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
@@ -227,11 +230,20 @@ class PendingReplies:
         self._futures.pop(request_id, None)
 
     def deliver(self, envelope: Envelope) -> None:
-        future = self._futures.pop(envelope.headers.get(REQUEST_ID_HEADER, ""), None)
+        request_id = envelope.headers.get(REQUEST_ID_HEADER, "")
+        future = self._futures.pop(request_id, None)
         if future is None or future.done():
-            self._broker.duplicate_replies += 1
+            # A second reply to an answered request is a duplicate; one to a request that gave up is late.
+            if request_id in self._answered:
+                self._broker.duplicate_replies += 1
+                self._broker.duplicate_reply_ids.append(envelope.correlation_id)
+            else:
+                self._broker.late_replies += 1
             return
         future.set_result(envelope)
+        self._answered[request_id] = None
+        if len(self._answered) > 10_000:
+            self._answered.popitem(last=False)
 
     def fail_all(self, exc: BaseException) -> None:
         for future in self._futures.values():
