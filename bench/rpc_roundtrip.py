@@ -1,0 +1,176 @@
+"""Request/reply round trip over RabbitMQ on this machine: p50 / p95 / p99 / max.
+
+Three layers, each measured the same way (sequential requests after a warm-up):
+
+- ``broker``: the transport alone (aio-pika publish with confirms + direct reply-to), echo in-process;
+- ``actor``: a signed ``Probe`` to a real actor process (``parkway actor tq``): signature, decode,
+  reply cache, journal fsync, signed reply;
+- ``actor-query``: a ``Status`` to the same process (no journal: queries are not cached).
+
+    python bench/rpc_roundtrip.py [--n 2000] [--url amqp://guest:guest@127.0.0.1:5672/]
+
+Prints a table and writes ``bench/results/rpc_roundtrip.json``. Not a test: no assertions on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from parkway.actors.client import Client
+from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope
+from parkway.brokers.rabbitmq import RabbitBroker
+from parkway.protocol.messages import Probe, Status, StatusReport
+
+SECRET = "bench-secret"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def summary(samples_s: list[float]) -> dict[str, float]:
+    ms = sorted(s * 1000 for s in samples_s)
+    q = statistics.quantiles(ms, n=100)
+    return {
+        "n": len(ms),
+        "p50_ms": round(q[49], 3),
+        "p95_ms": round(q[94], 3),
+        "p99_ms": round(q[98], 3),
+        "max_ms": round(ms[-1], 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+    }
+
+
+async def timed(n: int, warmup: int, call) -> list[float]:
+    for _ in range(warmup):
+        await call()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await call()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def bench_broker(url: str, n: int) -> dict[str, float]:
+    run = f"bench{uuid.uuid4().hex[:6]}"
+    async with RabbitBroker(url, run) as server, RabbitBroker(url, run) as client:
+        await server.declare("echo/0")
+
+        async def echo(d: Delivery) -> None:
+            reply = Envelope(
+                d.envelope.body,
+                d.envelope.content_type,
+                d.envelope.correlation_id,
+                {REQUEST_ID_HEADER: d.envelope.headers[REQUEST_ID_HEADER]},
+                persistent=False,
+            )
+            await server.reply(d.envelope.reply_to or "", reply)
+            await d.ack()
+
+        await server.consume("echo/0", echo)
+        body = Envelope(b"x" * 100, "application/octet-stream", "bench")
+        samples = await timed(n, 200, lambda: client.request("echo/0", body, deadline=time.time() + 10))
+        await _delete(url, run, ["echo/0"])
+    return summary(samples)
+
+
+async def bench_actor(url: str, n: int) -> dict[str, dict[str, float]]:
+    run = f"bench{uuid.uuid4().hex[:6]}"
+    state = tempfile.mkdtemp(prefix="parkway-bench-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    env.update(PARKWAY_RUN=run, PARKWAY_SECRET=SECRET, PARKWAY_STATE_DIR=state)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "parkway.actors.cli",
+            "actor",
+            "tq",
+            "--broker",
+            url,
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+    )
+    try:
+        async with RabbitBroker(url, run) as broker:
+            client = Client(broker, secret=SECRET.encode(), sender="bench/0")
+            await _wait_ready(client, proc.pid)
+            counter = iter(range(10**9))
+
+            async def probe() -> None:
+                await client.call(
+                    "tq/0", Probe(checkpoint_id=f"b-{next(counter)}", deadline=time.time() + 10)
+                )
+
+            async def status() -> None:
+                await client.call(
+                    "tq/0", Status(checkpoint_id=f"s-{next(counter)}", deadline=time.time() + 10)
+                )
+
+            result = {
+                "actor": summary(await timed(n, 200, probe)),
+                "actor-query": summary(await timed(n, 200, status)),
+            }
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        await _delete(url, run, ["tq/0"])
+    return result
+
+
+async def _wait_ready(client: Client, pid: int) -> None:
+    for _ in range(300):
+        try:
+            reply = await client.request("tq/0", Status(checkpoint_id="ready", deadline=time.time() + 1))
+            if isinstance(reply, StatusReport) and reply.pid == pid:
+                return
+        except Exception:
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the actor did not come up")
+
+
+async def _delete(url: str, run: str, addresses: list[str]) -> None:
+    import aio_pika
+
+    async with await aio_pika.connect(url) as connection:
+        channel = await connection.channel()
+        for name in [*(f"pk.{run}.q.{a}" for a in addresses), f"pk.{run}.dead", f"pk.{run}.logs"]:
+            await channel.queue_delete(name)
+        for name in (f"pk.{run}", f"pk.{run}.dlx", f"pk.{run}.logs"):
+            await channel.exchange_delete(name)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=2000, help="timed requests per layer")
+    parser.add_argument(
+        "--url", default=os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    )
+    args = parser.parse_args()
+    results = {"broker": await bench_broker(args.url, args.n), **(await bench_actor(args.url, args.n))}
+    print(f"{'layer':<12} {'n':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for layer, s in results.items():
+        print(f"{layer:<12} {s['n']:>6} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8} {s['max_ms']:>8}")
+    RESULTS.mkdir(exist_ok=True)
+    record = {
+        "bench": "rpc_roundtrip",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "results": results,
+    }
+    (RESULTS / "rpc_roundtrip.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
