@@ -167,7 +167,8 @@ def _print_json(obj: Any) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, allow_ephemeral_secret=True)
+    # In memory a throwaway secret is fine; on a real broker other processes must share it.
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
     topology = _parse_topology(args.topology)
     configure_logging()
 
