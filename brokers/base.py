@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 REQUEST_ID_HEADER = "x-parkway-request-id"
 ERROR_CODE_HEADER = "x-parkway-error-code"
@@ -160,8 +162,13 @@ class Consumer:
 class Broker(ABC):
     """One process's connection to one run's namespace on a broker."""
 
+    reply_address: str = ""  # where replies to this connection's requests go; set by each transport
+
     def __init__(self, run: str) -> None:
         self.run = run
+        self._pending = PendingReplies(self)
+        self._request_ids = itertools.count()
+        self._client_id = uuid.uuid4().hex[:12]
         self.duplicate_replies = 0  # replies to requests that were already answered
         self.late_replies = 0  # replies that came after their request's deadline
         self.duplicate_reply_ids: list[str] = []  # correlation ids of the duplicates, for diagnosis
@@ -187,9 +194,17 @@ class Broker(ABC):
     @abstractmethod
     async def publish(self, address: str, envelope: Envelope) -> None: ...
 
-    @abstractmethod
     async def request(self, address: str, envelope: Envelope, *, deadline: float) -> Envelope:
         """Publish ``envelope`` and return the reply to it, or raise ``RequestTimeout`` at ``deadline``."""
+        request_id = f"{self._client_id}#{next(self._request_ids)}"
+        future = self._pending.open(request_id)
+        headers = {**envelope.headers, REQUEST_ID_HEADER: request_id}
+        try:
+            await self.publish(address, replace(envelope, headers=headers, reply_to=self.reply_address))
+        except BaseException:
+            self._pending.close(request_id)
+            raise
+        return await self._pending.wait(request_id, future, deadline=deadline)
 
     @abstractmethod
     async def reply(self, reply_to: str, envelope: Envelope) -> None: ...

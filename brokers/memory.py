@@ -14,14 +14,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from parkway.brokers.base import (
-    REQUEST_ID_HEADER,
     Broker,
     Consumer,
     DeadLetter,
     Delivery,
     DeliveryHandler,
     Envelope,
-    PendingReplies,
     Unroutable,
     as_dead_letter,
     dead_letter_headers,
@@ -47,7 +45,7 @@ class MemoryHub:
             lambda: collections.deque(maxlen=LOG_STREAM_LIMIT)
         )
         self.log_followers: dict[str, set[asyncio.Queue[bytes]]] = collections.defaultdict(set)
-        self.reply_sinks: dict[str, PendingReplies] = {}
+        self.reply_sinks: dict[str, Broker] = {}
         self._ids = itertools.count()
 
     def next_id(self) -> int:
@@ -132,19 +130,17 @@ class MemoryBroker(Broker):
     def __init__(self, hub: MemoryHub, run: str) -> None:
         super().__init__(run)
         self.hub = hub
-        self._reply_address = f"memory-reply/{hub.next_id()}"
-        self._pending = PendingReplies(self)
+        self.reply_address = f"memory-reply/{hub.next_id()}"
         self._consumers: list[_MemoryConsumer] = []
-        self._request_ids = itertools.count()
 
     async def start(self) -> None:
-        self.hub.reply_sinks[self._reply_address] = self._pending
+        self.hub.reply_sinks[self.reply_address] = self
 
     async def close(self) -> None:
         for consumer in list(self._consumers):
             await consumer.cancel()
         self._consumers.clear()
-        self.hub.reply_sinks.pop(self._reply_address, None)
+        self.hub.reply_sinks.pop(self.reply_address, None)
         self._pending.fail_all(ConnectionError("broker connection closed"))
 
     async def declare(self, address: str) -> None:
@@ -154,22 +150,11 @@ class MemoryBroker(Broker):
         await asyncio.sleep(0)  # a publish is a suspension point, as it is over the network
         self.hub.enqueue(self.run, address, envelope)
 
-    async def request(self, address: str, envelope: Envelope, *, deadline: float) -> Envelope:
-        request_id = f"{self._reply_address}#{next(self._request_ids)}"
-        headers = {**envelope.headers, REQUEST_ID_HEADER: request_id}
-        future = self._pending.open(request_id)
-        try:
-            await self.publish(address, replace(envelope, headers=headers, reply_to=self._reply_address))
-        except BaseException:
-            self._pending.close(request_id)
-            raise
-        return await self._pending.wait(request_id, future, deadline=deadline)
-
     async def reply(self, reply_to: str, envelope: Envelope) -> None:
         await asyncio.sleep(0)
-        sink = self.hub.reply_sinks.get(reply_to)
-        if sink is not None:  # like direct reply-to: a reply to a gone client is dropped
-            sink.deliver(envelope)
+        client = self.hub.reply_sinks.get(reply_to)
+        if client is not None:  # like direct reply-to: a reply to a gone client is dropped
+            client._pending.deliver(envelope)
 
     async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer:
         queue = self.hub.queues.get((self.run, address))

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
-import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -31,7 +30,6 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 from parkway.brokers.base import (
-    REQUEST_ID_HEADER,
     Broker,
     BrokerError,
     Consumer,
@@ -39,7 +37,6 @@ from parkway.brokers.base import (
     Delivery,
     DeliveryHandler,
     Envelope,
-    PendingReplies,
     Unroutable,
     as_dead_letter,
     dead_letter_headers,
@@ -123,11 +120,9 @@ class RabbitBroker(Broker):
         self._dlx: AbstractExchange | None = None
         self._logs: AbstractExchange | None = None
         self._dead_queue: AbstractQueue | None = None
-        self._pending = PendingReplies(self)
+        self.reply_address = DIRECT_REPLY_TO
         self._consumers: list[_RabbitConsumer] = []
         self._declared: set[str] = set()
-        self._request_ids = itertools.count()
-        self._client_id = uuid.uuid4().hex[:12]
 
     # -- names ---------------------------------------------------------------------------------
     @property
@@ -206,27 +201,6 @@ class RabbitBroker(Broker):
         ) as exc:
             raise BrokerError(f"publish to {address!r} failed: {exc}") from exc
 
-    async def request(self, address: str, envelope: Envelope, *, deadline: float) -> Envelope:
-        request_id = f"{self._client_id}#{next(self._request_ids)}"
-        headers = {**envelope.headers, REQUEST_ID_HEADER: request_id}
-        future = self._pending.open(request_id)
-        try:
-            await self.publish(
-                address,
-                Envelope(
-                    envelope.body,
-                    envelope.content_type,
-                    envelope.correlation_id,
-                    headers,
-                    DIRECT_REPLY_TO,
-                    envelope.persistent,
-                ),
-            )
-        except BaseException:
-            self._pending.close(request_id)
-            raise
-        return await self._pending.wait(request_id, future, deadline=deadline)
-
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
         self._pending.deliver(_envelope(message))
 
@@ -262,19 +236,7 @@ class RabbitBroker(Broker):
         assert self._dlx is not None, "broker not started"
         envelope = delivery.envelope
         headers = dead_letter_headers(envelope, origin=delivery.address, code=code, detail=detail)
-        await self._dlx.publish(
-            _message(
-                Envelope(
-                    envelope.body,
-                    envelope.content_type,
-                    envelope.correlation_id,
-                    headers,
-                    envelope.reply_to,
-                    True,
-                )
-            ),
-            routing_key="",
-        )
+        await self._dlx.publish(_message(replace(envelope, headers=headers, persistent=True)), routing_key="")
         await delivery.ack()
 
     async def read_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:

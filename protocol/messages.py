@@ -102,8 +102,8 @@ class Renew(ControlCommand, frozen=True, kw_only=True):
     """Extend the lease of the active checkpoint to this command's deadline (plus grace)."""
 
 
-class Commit(ControlCommand, frozen=True, kw_only=True):
-    """Write the participant's records under ``location`` for exactly ``episodes``."""
+class SnapshotCommand(ControlCommand, frozen=True, kw_only=True):
+    """A command about one snapshot: where it lives (relative to the participant's root) and its exact scope."""
 
     location: str
     episodes: tuple[EpisodeRef, ...] = ()
@@ -111,6 +111,10 @@ class Commit(ControlCommand, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_location(self.location)
+
+
+class Commit(SnapshotCommand, frozen=True, kw_only=True):
+    """Write the participant's records under ``location`` for exactly ``episodes``."""
 
 
 class Resume(ControlCommand, frozen=True, kw_only=True):
@@ -123,15 +127,8 @@ class Abort(ControlCommand, frozen=True, kw_only=True):
     reason: str = ""
 
 
-class Restore(ControlCommand, frozen=True, kw_only=True):
+class Restore(SnapshotCommand, frozen=True, kw_only=True):
     """Install saved state from ``location`` for exactly ``episodes``, then stay paused until Resume."""
-
-    location: str
-    episodes: tuple[EpisodeRef, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_location(self.location)
 
 
 class Retire(ControlCommand, frozen=True, kw_only=True):

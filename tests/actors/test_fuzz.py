@@ -17,10 +17,9 @@ from parkway.protocol.messages import Status, StatusReport
 from parkway.protocol.signing import SENDER_HEADER
 
 from tests.actors.helpers import SECRET, signed_raw
-from tests.fuzz import Fuzzed, fuzzed
+from tests.fuzz import REFUSALS, Fuzzed, fuzzed
 
 RUN = "fuzz"
-REFUSALS = ("error:unauthorized", "error:invalid_message", "error:unsupported_version", "error:internal")
 
 
 class Harness:

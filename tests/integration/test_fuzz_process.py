@@ -20,12 +20,11 @@ from parkway.actors.client import Client
 from parkway.brokers.rabbitmq import RabbitBroker
 
 from tests.conftest import AMQP_URL, delete_run, rabbitmq_reachable
-from tests.fuzz import Fuzzed, fuzzed
+from tests.fuzz import REFUSALS, Fuzzed, fuzzed
 from tests.integration.processes import SECRET, ActorProcess, status_of, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
-REFUSALS = ("error:unauthorized", "error:invalid_message", "error:unsupported_version", "error:internal")
 EXAMPLES = int(os.environ.get("PARKWAY_FUZZ_EXAMPLES", "2000"))
 
 
