@@ -1,0 +1,1 @@
+"""Generation engines behind one interface; the policy actor hosts them in Ray actors."""

@@ -1,0 +1,37 @@
+"""The engine interface every generation backend implements (deterministic, vLLM)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str  # unique per model call: "<capture key>:<call index>"
+    token_ids: tuple[int, ...]
+    seed: int
+    max_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" (a stop token), "length" (max_tokens), "abort"
+
+
+class Engine(ABC):
+    """Generate from token ids. Same request and seed, same tokens."""
+
+    @abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> bool:
+        """Stop a request in flight; its ``generate`` returns with ``finish_reason == "abort"``."""
+
+    @abstractmethod
+    def in_flight(self) -> int: ...
