@@ -50,10 +50,11 @@ class ReplyCache:
         self._running[key] = future
         return future
 
-    def finish(self, key: ReplyKey, content: bytes | None, *, remember: bool) -> None:
+    def finish(self, key: ReplyKey, content: bytes | None, *, remember: bool, durable: bool = True) -> None:
+        """Settle a running command; ``durable`` journals the reply (control commands), else memory only."""
         future = self._running.pop(key, None)
         if remember and content is not None:
-            self._store(key, content)
+            self._store(key, content, durable=durable)
         if future is not None and not future.done():
             future.set_result(content if remember else None)
 
@@ -66,12 +67,12 @@ class ReplyCache:
                 self._append(_Record(*key, b""))  # a tombstone, so a restart does not revive it
         return len(doomed)
 
-    def _store(self, key: ReplyKey, content: bytes) -> None:
+    def _store(self, key: ReplyKey, content: bytes, *, durable: bool) -> None:
         self._entries[key] = content
         self._entries.move_to_end(key)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
-        if self._journal is not None:
+        if durable and self._journal is not None:
             self._append(_Record(*key, content))
 
     # -- journal -------------------------------------------------------------------------------

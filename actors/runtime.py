@@ -186,7 +186,9 @@ class Actor:
             raise
         content = codec.encode(reply) if reply is not None else None
         remember = reply is not None and not (isinstance(reply, Error) and reply.retryable)
-        self.replies.finish(key, content, remember=remember)
+        # Control replies are journaled (fsync) to survive a crash; data replies are cached in memory only,
+        # their effects are made idempotent by their own keys (call index, tool-call key).
+        self.replies.finish(key, content, remember=remember, durable=isinstance(message, ControlCommand))
         self.handled += 1
         self.counts[key[1]] += 1
         if isinstance(reply, Error):

@@ -243,8 +243,12 @@ class Run(Message, frozen=True, kw_only=True):
     rollout_id: str
     attempt: int
     group_id: str
-    task: dict[str, object] = {}
+    env: str
+    prompt: str
+    max_turns: int = 8
     seed: int = 0
+    policy_version: int = 0
+    task: dict[str, object] = {}
 
 
 class Generate(Message, frozen=True, kw_only=True):
@@ -270,13 +274,20 @@ class Generated(Message, frozen=True, kw_only=True):
 
 
 class ToolCall(Message, frozen=True, kw_only=True):
-    """Agent -> resources. (rollout_id, attempt, call_index) is the idempotency key."""
+    """Agent -> resources. (rollout_id, attempt, call_index) is the idempotency key.
+
+    The first call of a rollout opens its session in environment ``env`` (initial state from ``seed``).
+    Two tool names are reserved: ``verify`` scores the session (``output["reward"]``) and retires it;
+    ``release`` retires it without a score (a rollout that ended without a clean end).
+    """
 
     rollout_id: str
     attempt: int
     call_index: int
+    env: str
     tool: str
     arguments: dict[str, object] = {}
+    seed: int = 0
 
 
 class ToolResult(Message, frozen=True, kw_only=True):

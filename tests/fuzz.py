@@ -44,7 +44,14 @@ valid_messages = st.one_of(
         attempts=st.lists(attempts, max_size=3).map(tuple),
     ),
     st.builds(m.Probe, checkpoint_id=checkpoint_ids, deadline=deadlines),
-    st.builds(m.Run, rollout_id=rollout_ids, attempt=small_ints, group_id=st.text(max_size=8)),
+    st.builds(
+        m.Run,
+        rollout_id=rollout_ids,
+        attempt=small_ints,
+        group_id=st.text(max_size=8),
+        env=st.text(max_size=8),
+        prompt=st.text(max_size=20),
+    ),
     st.builds(m.Ack, receipts=st.lists(attempts, max_size=4).map(tuple)),
     st.builds(m.Ok, detail=st.text(max_size=10)),
 )

@@ -103,7 +103,7 @@ async def test_bad_input_gets_a_typed_reply_and_a_dead_letter(
 
 
 async def test_a_message_for_another_role_is_refused(tq: Actor, client: Client, broker: MemoryBroker) -> None:
-    run = Run(rollout_id="g_g0", attempt=0, group_id="g")
+    run = Run(rollout_id="g_g0", attempt=0, group_id="g", env="counter", prompt="p")
     reply = await client.request("tq/0", run, correlation_id="r-1")
     assert isinstance(reply, Error) and "tq/0 does not handle Run" in reply.detail
     assert len(await broker.read_dead_letters()) == 1
@@ -164,7 +164,9 @@ async def test_a_handler_bug_is_an_internal_error_not_a_dead_actor(
     actor = Exploding(broker, secret=SECRET)
     await actor.start()
     reply = await client.request(
-        "exploding/0", Run(rollout_id="g_g1", attempt=0, group_id="g"), correlation_id="r"
+        "exploding/0",
+        Run(rollout_id="g_g1", attempt=0, group_id="g", env="counter", prompt="p"),
+        correlation_id="r",
     )
     assert (
         isinstance(reply, Error)
@@ -179,7 +181,11 @@ async def test_a_handler_bug_is_an_internal_error_not_a_dead_actor(
 
 async def test_log_context_is_bound_once_per_message(tq: Actor, client: Client) -> None:
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
-        await client.request("tq/0", Run(rollout_id="g_g2", attempt=3, group_id="g"), correlation_id="r-2")
+        await client.request(
+            "tq/0",
+            Run(rollout_id="g_g2", attempt=3, group_id="g", env="counter", prompt="p"),
+            correlation_id="r-2",
+        )
     [refusal] = [e for e in logs if e["event"] == "message_refused"]
     assert (refusal["actor"], refusal["run"], refusal["code"]) == ("tq/0", RUN, "invalid_message")
     assert refusal["correlation_id"] == "r-2" and refusal["sender"] == "test/0"

@@ -39,10 +39,12 @@ EXAMPLES: list[m.Message] = [
     ),
     m.Restored(checkpoint_id="rs-1", rollouts=(ATTEMPT,)),
     m.ProbeResult(pid=7, executions=1),
-    m.Run(rollout_id="g1_g0", attempt=0, group_id="g1", task={"prompt": "add 2"}, seed=3),
+    m.Run(rollout_id="g1_g0", attempt=0, group_id="g1", env="counter", prompt="add 2", task={"k": 1}, seed=3),
     m.Generate(rollout_id="g1_g0", attempt=0, call_index=2, token_ids=(1, 2, 3), seed=3, stop_token_ids=(0,)),
     m.Generated(rollout_id="g1_g0", attempt=0, call_index=2, token_ids=(4, 5), logprobs=(-0.1, -0.2)),
-    m.ToolCall(rollout_id="g1_g0", attempt=0, call_index=3, tool="transfer", arguments={"amount": 5}),
+    m.ToolCall(
+        rollout_id="g1_g0", attempt=0, call_index=3, env="bank", tool="transfer", arguments={"amount": 5}
+    ),
     m.ToolResult(rollout_id="g1_g0", attempt=0, call_index=3, ok=True, output={"balance": 10}, revision=4),
     m.Rows(rows=(m.StagingRow(capture_key="g1_g0", turn=0, token_ids=(1,), logprobs=(-0.5,)),)),
     m.Completed(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0, turns=5),
