@@ -1,0 +1,204 @@
+"""One typed configuration for a run (SPEC section 9): YAML file plus environment overrides.
+
+Unknown keys are refused with their dotted path; cross-field rules are checked before anything starts.
+Keys mirror NeMo RL's where they exist (``snapshot_interval_s``, ``prepare_timeout_s``,
+``max_consecutive_failures``, ``keep_latest_k``, ``restore_mode``, ``recovery.target_level``,
+``recovery.default_granularity``).
+
+Environment overrides: ``PARKWAY_CFG__ROLLOUT__GROUP_SIZE=4`` sets ``rollout.group_size`` (the value is
+read as a YAML scalar, so ``4`` is an int and ``true`` a bool).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+ENV_PREFIX = "PARKWAY_CFG__"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key (dotted path) and what is wrong."""
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RolloutConfig(_Section):
+    group_size: int = 3  # G siblings per prompt
+    max_turns: int = 5
+    max_attempts: int = 3  # per rollout (sibling) or per group redo (prompt_group)
+    max_in_flight: int = 64  # rollouts dispatched and not finished, across all agents
+    max_tokens: int = 48  # per model call
+
+
+class TasksConfig(_Section):
+    path: str | None = None  # JSONL: {"env": ..., "prompt": ..., "max_turns"?: int} per line
+    builtin: Literal["mixed", "counter", "workplace", "bank"] = "mixed"
+    limit: int | None = None  # use the first N tasks
+
+
+class PolicyConfig(_Section):
+    engine: Literal["deterministic", "vllm"] = "deterministic"
+    host: Literal["ray", "inline"] = "ray"
+    engines: int = 1
+    per_token_delay_s: float = 0.0
+
+
+class ResourcesConfig(_Section):
+    mode: Literal["exported", "stateless", "restart_only"] = "exported"
+
+
+class RecoveryConfig(_Section):
+    target_level: Literal["prompt_group", "sibling", "turn", "prefix"] = "turn"
+    default_granularity: Literal["prompt_group", "sibling"] = "sibling"
+    allow_restart_only: bool = False
+
+
+class TrainerConfig(_Section):
+    kind: Literal["example"] = "example"
+    batch_groups: int = 2
+
+
+class FaultsConfig(_Section):
+    # "ROLLOUT@ATTEMPT:TURN", e.g. "t0_g1@0:2": that attempt fails at that turn (a live failure).
+    fail_attempts: tuple[str, ...] = ()
+    failure_rate: float = 0.0  # every attempt fails with this probability (seeded, reproducible)
+
+
+class TopologyConfig(_Section):
+    agents: int = 2
+    resources: int = 2
+
+
+class RunConfig(_Section):
+    run: str = "default"
+    seed: int = 0
+    agent: Literal["tool", "counter"] = "tool"
+    rollout: RolloutConfig = RolloutConfig()
+    tasks: TasksConfig = TasksConfig()
+    policy: PolicyConfig = PolicyConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    faults: FaultsConfig = FaultsConfig()
+    topology: TopologyConfig = TopologyConfig()
+    snapshot_interval_s: float = 120.0
+    prepare_timeout_s: float = 30.0
+    max_consecutive_failures: int = 3
+    keep_latest_k: int = 2
+    restore_mode: Literal["latest"] = "latest"
+    snapshot_root: str = ".parkway/snapshots"
+
+
+_FAULT = re.compile(r"^(?P<rollout>[^@\s]+)@(?P<attempt>\d+):(?P<turn>\d+)$")
+
+
+def parse_fault(text: str) -> tuple[str, int, int]:
+    match = _FAULT.fullmatch(text)
+    if match is None:
+        raise ConfigError(f"faults.fail_attempts: {text!r} is not ROLLOUT@ATTEMPT:TURN")
+    return match["rollout"], int(match["attempt"]), int(match["turn"])
+
+
+def load(path: str | Path | None = None, *, environ: dict[str, str] | None = None) -> RunConfig:
+    """Read, override, convert and check a configuration. Raises ``ConfigError``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = loaded or {}
+    apply_overrides(data, os.environ if environ is None else environ)
+    return from_dict(data)
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    try:
+        config = msgspec.convert(data, RunConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_dotted(str(exc))) from None
+    check(config)
+    return config
+
+
+def apply_overrides(data: dict[str, Any], environ: dict[str, str] | os._Environ[str]) -> None:
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in key[len(ENV_PREFIX) :].split("__") if part]
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{key}: {'.'.join(path[:-1])} is not a section")
+            node = child
+        node[path[-1]] = yaml.safe_load(raw) if raw else raw
+
+
+def _dotted(message: str) -> str:
+    """msgspec says '... - at `$.a.b`'; we say 'a.b: ...', with the unknown key itself in the path."""
+    text, _, where = message.rpartition(" - at `$")
+    if not text:
+        text, where = message, ""
+    path = where.rstrip("`").lstrip(".")
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", text)
+    if unknown:
+        path = f"{path}.{unknown[1]}" if path else unknown[1]
+        text = "unknown key"
+    return f"{path or '(top level)'}: {text}"
+
+
+def check(config: RunConfig) -> None:
+    """Cross-field rules, each naming its keys."""
+    problems = []
+    r = config.rollout
+    for key, value in (
+        ("rollout.group_size", r.group_size),
+        ("rollout.max_turns", r.max_turns),
+        ("rollout.max_attempts", r.max_attempts),
+        ("rollout.max_in_flight", r.max_in_flight),
+        ("rollout.max_tokens", r.max_tokens),
+        ("policy.engines", config.policy.engines),
+        ("topology.agents", config.topology.agents),
+        ("topology.resources", config.topology.resources),
+        ("trainer.batch_groups", config.trainer.batch_groups),
+        ("keep_latest_k", config.keep_latest_k),
+        ("max_consecutive_failures", config.max_consecutive_failures),
+    ):
+        if value < 1:
+            problems.append(f"{key}: must be >= 1, got {value}")
+    if not 0.0 <= config.faults.failure_rate <= 1.0:
+        problems.append(f"faults.failure_rate: must be within [0, 1], got {config.faults.failure_rate}")
+    if config.policy.per_token_delay_s < 0:
+        problems.append("policy.per_token_delay_s: must be >= 0")
+    if config.snapshot_interval_s <= 0 or config.prepare_timeout_s <= 0:
+        problems.append("snapshot_interval_s and prepare_timeout_s: must be > 0")
+    if config.recovery.target_level == "prefix" and config.policy.engine != "vllm":
+        problems.append(
+            "recovery.target_level: prefix needs a policy engine that can cut a generation "
+            f"(policy.engine: vllm), not {config.policy.engine}"
+        )
+    if config.recovery.allow_restart_only and config.recovery.target_level not in ("turn", "prefix"):
+        problems.append(
+            "recovery.allow_restart_only: only means something with recovery.target_level turn or "
+            f"prefix, not {config.recovery.target_level}"
+        )
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", config.run):
+        problems.append(f"run: {config.run!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
+    for fault in config.faults.fail_attempts:
+        try:
+            parse_fault(fault)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("; ".join(problems))

@@ -1,0 +1,290 @@
+"""The recovery ledger (SPEC section 4): every prompt group, sibling and attempt the controller owns.
+
+Metadata only, no I/O. Every state change goes through one of two transition tables; anything else
+raises ``LedgerError`` (an invariant violation, never a wire error). Stale or duplicate reports from
+agents are not errors of the ledger: ``seal`` and ``fail`` say what they did with them.
+
+    group:   GENERATING -> READY_TO_FINALIZE -> FINALIZING -> (removed)
+    attempt: RESERVED -> DISPATCHED -> SEALED | FAILED | ABANDONED;  ABANDONED -> RETIRED
+
+Identities: the logical rollout id ``{group_id}_g{i}`` is stable across attempts; the attempt index is
+allocated at reservation, +1 per new attempt; the capture key is ``<logical>`` for attempt 0 and
+``<logical>-a<N>`` after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from parkway.protocol.ids import capture_key, rollout_id
+
+
+class LedgerError(Exception):
+    """A transition the ledger forbids: a bug in the caller, never bad input from the wire."""
+
+
+class GroupState(StrEnum):
+    GENERATING = "generating"
+    READY_TO_FINALIZE = "ready_to_finalize"
+    FINALIZING = "finalizing"
+
+
+class AttemptState(StrEnum):
+    RESERVED = "reserved"
+    DISPATCHED = "dispatched"
+    SEALED = "sealed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    RETIRED = "retired"
+
+
+class AttemptEvent(StrEnum):
+    DISPATCH = "dispatch"
+    SEAL = "seal"
+    FAIL = "fail"
+    ABANDON = "abandon"
+    RETIRE = "retire"
+
+
+class GroupEvent(StrEnum):
+    SETTLE = "settle"  # every sibling is sealed or failed for good
+    FINALIZE = "finalize"  # the trainer takes it
+    REOPEN = "reopen"  # a prompt_group redo after a failure
+
+
+class Granularity(StrEnum):
+    PROMPT_GROUP = "prompt_group"  # a failure redoes the whole group
+    SIBLING = "sibling"  # a failure redoes only that sibling
+
+
+ATTEMPT_TRANSITIONS: dict[tuple[AttemptState, AttemptEvent], AttemptState] = {
+    (AttemptState.RESERVED, AttemptEvent.DISPATCH): AttemptState.DISPATCHED,
+    (AttemptState.RESERVED, AttemptEvent.ABANDON): AttemptState.ABANDONED,
+    (AttemptState.DISPATCHED, AttemptEvent.SEAL): AttemptState.SEALED,
+    (AttemptState.DISPATCHED, AttemptEvent.FAIL): AttemptState.FAILED,
+    (AttemptState.DISPATCHED, AttemptEvent.ABANDON): AttemptState.ABANDONED,
+    (AttemptState.SEALED, AttemptEvent.ABANDON): AttemptState.ABANDONED,  # prompt_group discards it
+    (AttemptState.ABANDONED, AttemptEvent.RETIRE): AttemptState.RETIRED,
+}
+
+GROUP_TRANSITIONS: dict[tuple[GroupState, GroupEvent], GroupState] = {
+    (GroupState.GENERATING, GroupEvent.SETTLE): GroupState.READY_TO_FINALIZE,
+    (GroupState.READY_TO_FINALIZE, GroupEvent.FINALIZE): GroupState.FINALIZING,
+    (GroupState.GENERATING, GroupEvent.REOPEN): GroupState.GENERATING,
+}
+
+
+@dataclass
+class Attempt:
+    index: int
+    capture_key: str
+    state: AttemptState = AttemptState.RESERVED
+    replica: int | None = None
+    reward: float | None = None
+    turns: int = 0
+    failure: str | None = None
+
+    def move(self, event: AttemptEvent) -> None:
+        after = ATTEMPT_TRANSITIONS.get((self.state, event))
+        if after is None:
+            raise LedgerError(
+                f"attempt {self.capture_key}: {event.value} is illegal in state {self.state.value}"
+            )
+        self.state = after
+
+
+@dataclass
+class Sibling:
+    rollout_id: str
+    generation_index: int
+    attempts: list[Attempt] = field(default_factory=list)
+    given_up: bool = False  # failed max_attempts times: a typed failure result, never a fake sample
+
+    @property
+    def current(self) -> Attempt:
+        return self.attempts[-1]
+
+    @property
+    def settled(self) -> bool:
+        return self.given_up or (bool(self.attempts) and self.current.state is AttemptState.SEALED)
+
+
+@dataclass
+class Group:
+    group_id: str
+    task_index: int
+    granularity: Granularity
+    siblings: list[Sibling]
+    state: GroupState = GroupState.GENERATING
+    redos: int = 0
+
+    def move(self, event: GroupEvent) -> None:
+        after = GROUP_TRANSITIONS.get((self.state, event))
+        if after is None:
+            raise LedgerError(f"group {self.group_id}: {event.value} is illegal in state {self.state.value}")
+        self.state = after
+
+
+class SealOutcome(StrEnum):
+    SEALED = "sealed"
+    DUPLICATE = "duplicate"  # this attempt was sealed before: acknowledge again, change nothing
+    STALE = "stale"  # an attempt that is no longer current (abandoned, retired, replaced)
+
+
+@dataclass(frozen=True)
+class FailurePlan:
+    """What a failure leads to: attempts to reserve and dispatch anew, attempts to retire on agents."""
+
+    redo: tuple[str, ...] = ()  # rollout ids that get a new attempt
+    retire: tuple[tuple[str, int, int], ...] = ()  # (rollout id, attempt, replica) still running somewhere
+    given_up: tuple[str, ...] = ()  # rollout ids that failed for good
+    stale: bool = False
+
+
+class Ledger:
+    def __init__(self, *, max_attempts: int = 3) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self.max_attempts = max_attempts
+        self.groups: dict[str, Group] = {}
+        self._siblings: dict[str, tuple[Group, Sibling]] = {}
+
+    # -- building --------------------------------------------------------------------------------
+    def add_group(self, group_id: str, task_index: int, size: int, granularity: Granularity) -> Group:
+        if group_id in self.groups:
+            raise LedgerError(f"group {group_id} exists")
+        siblings = [Sibling(rollout_id(group_id, i), i) for i in range(size)]
+        group = Group(group_id, task_index, granularity, siblings)
+        self.groups[group_id] = group
+        for sibling in siblings:
+            self._siblings[sibling.rollout_id] = (group, sibling)
+            self._new_attempt(sibling)
+        return group
+
+    def _new_attempt(self, sibling: Sibling) -> Attempt:
+        index = len(sibling.attempts)
+        attempt = Attempt(index, capture_key(sibling.rollout_id, index))
+        sibling.attempts.append(attempt)
+        return attempt
+
+    def sibling(self, rollout: str) -> Sibling:
+        try:
+            return self._siblings[rollout][1]
+        except KeyError:
+            raise LedgerError(f"unknown rollout {rollout}") from None
+
+    def group_of(self, rollout: str) -> Group:
+        return self._siblings[rollout][0]
+
+    def knows(self, rollout: str) -> bool:
+        return rollout in self._siblings
+
+    # -- transitions -----------------------------------------------------------------------------
+    def reserved(self) -> list[Sibling]:
+        """Siblings whose current attempt waits for dispatch, in group then sibling order."""
+        return [
+            s
+            for g in self.groups.values()
+            for s in g.siblings
+            if not s.given_up and s.current.state is AttemptState.RESERVED
+        ]
+
+    def dispatch(self, rollout: str, attempt: int, replica: int) -> Attempt:
+        current = self._current(rollout, attempt)
+        current.move(AttemptEvent.DISPATCH)
+        current.replica = replica
+        return current
+
+    def seal(self, rollout: str, attempt: int, *, reward: float, turns: int) -> SealOutcome:
+        sibling = self.sibling(rollout)
+        if attempt >= len(sibling.attempts):
+            raise LedgerError(f"receipt for {rollout} attempt {attempt}, which was never reserved")
+        target = sibling.attempts[attempt]
+        if target.state is AttemptState.SEALED:
+            return SealOutcome.DUPLICATE
+        if target is not sibling.current or target.state is not AttemptState.DISPATCHED:
+            return SealOutcome.STALE
+        target.move(AttemptEvent.SEAL)
+        target.reward, target.turns = reward, turns
+        self._settle_if_done(self.group_of(rollout))
+        return SealOutcome.SEALED
+
+    def fail(self, rollout: str, attempt: int, *, code: str, turns: int = 0) -> FailurePlan:
+        group, sibling = self._siblings[rollout]
+        target = sibling.attempts[attempt] if attempt < len(sibling.attempts) else None
+        if target is None or target is not sibling.current or target.state is not AttemptState.DISPATCHED:
+            return FailurePlan(stale=True)
+        target.move(AttemptEvent.FAIL)
+        target.failure, target.turns = code, turns
+        if group.granularity is Granularity.SIBLING:
+            if len(sibling.attempts) >= self.max_attempts:
+                sibling.given_up = True
+                self._settle_if_done(group)
+                return FailurePlan(given_up=(rollout,))
+            self._new_attempt(sibling)
+            return FailurePlan(redo=(rollout,))
+        # prompt_group: every sibling starts over; running ones are retired on their agents.
+        if group.redos + 1 >= self.max_attempts:
+            for s in group.siblings:
+                s.given_up = True
+            retire = self._abandon_all(group)
+            self._settle_if_done(group)
+            return FailurePlan(retire=retire, given_up=tuple(s.rollout_id for s in group.siblings))
+        retire = self._abandon_all(group)
+        group.redos += 1
+        group.move(GroupEvent.REOPEN)
+        for s in group.siblings:
+            self._new_attempt(s)
+        return FailurePlan(redo=tuple(s.rollout_id for s in group.siblings), retire=retire)
+
+    def _abandon_all(self, group: Group) -> tuple[tuple[str, int, int], ...]:
+        running = []
+        for s in group.siblings:
+            current = s.current
+            if current.state is AttemptState.DISPATCHED:
+                assert current.replica is not None
+                running.append((s.rollout_id, current.index, current.replica))
+            if current.state in (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALED):
+                current.move(AttemptEvent.ABANDON)
+        return tuple(running)
+
+    def retired(self, rollout: str, attempt: int) -> None:
+        """The agent confirmed it stopped an abandoned attempt."""
+        target = self.sibling(rollout).attempts[attempt]
+        if target.state is AttemptState.ABANDONED:
+            target.move(AttemptEvent.RETIRE)
+
+    def _settle_if_done(self, group: Group) -> None:
+        if group.state is GroupState.GENERATING and all(s.settled for s in group.siblings):
+            group.move(GroupEvent.SETTLE)
+
+    def ready_groups(self) -> list[Group]:
+        return [g for g in self.groups.values() if g.state is GroupState.READY_TO_FINALIZE]
+
+    def finalize(self, group_id: str) -> Group:
+        group = self.groups[group_id]
+        group.move(GroupEvent.FINALIZE)
+        return group
+
+    def remove(self, group_id: str) -> Group:
+        group = self.groups.pop(group_id)
+        if group.state is not GroupState.FINALIZING:
+            raise LedgerError(f"group {group_id} removed in state {group.state.value}")
+        for s in group.siblings:
+            del self._siblings[s.rollout_id]
+        return group
+
+    def _current(self, rollout: str, attempt: int) -> Attempt:
+        sibling = self.sibling(rollout)
+        if sibling.current.index != attempt:
+            raise LedgerError(f"{rollout}: attempt {attempt} is not current ({sibling.current.index})")
+        return sibling.current
+
+    # -- views ------------------------------------------------------------------------------------
+    def attempts(self) -> list[tuple[Sibling, Attempt]]:
+        return [(s, a) for g in self.groups.values() for s in g.siblings for a in s.attempts]
+
+    def in_flight(self) -> int:
+        """Attempts dispatched and not settled. A reserved attempt waiting for the gate is not running."""
+        return sum(1 for _, a in self.attempts() if a.state is AttemptState.DISPATCHED)
