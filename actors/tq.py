@@ -1,12 +1,150 @@
-"""The TransferQueue actor: staging rows per model call and canonical rows per finished rollout.
+"""The TransferQueue actor: staging rows per model call, canonical rows per sealed rollout.
 
-For now a checkpoint participant with no rows; storage comes with the rollout engine.
+Staging rows are keyed by (capture key, turn); a row that arrives twice with the same tokens is a
+duplicate delivery and is dropped. Lineage counts how often each (logical rollout, turn) was generated
+across attempts, so ``turns_regenerated`` says how much work a recovery threw away.
 """
 
 from __future__ import annotations
 
-from parkway.actors.participant import Participant
+import collections
+import hashlib
+import re
+from pathlib import Path
+
+import msgspec
+import structlog
+from parkway.actors.participant import Participant, write_records
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import (
+    AttemptRef,
+    CanonicalRow,
+    CanonicalRows,
+    Commit,
+    FetchRows,
+    FileDigest,
+    Message,
+    Ok,
+    Restore,
+    Rows,
+    SealRows,
+    StagingRow,
+)
+
+log = structlog.get_logger("parkway.tq")
+
+_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
+
+
+def logical_id(capture_key: str) -> str:
+    """The logical rollout id of a capture key (``g_g1-a2`` -> ``g_g1``)."""
+    return _ATTEMPT_SUFFIX.sub("", capture_key)
+
+
+class TransferStore:
+    """The rows themselves. Pure: the actor wraps it; save/load go to one directory."""
+
+    def __init__(self) -> None:
+        self.staging: dict[tuple[str, int], StagingRow] = {}
+        self.canonical: dict[str, CanonicalRow] = {}
+        self.generations: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.duplicates = 0
+
+    def add(self, row: StagingRow) -> bool:
+        """Store one staging row; False for a duplicate delivery of a row already stored."""
+        key = (row.capture_key, row.turn)
+        if key in self.staging:
+            self.duplicates += 1
+            return False
+        self.staging[key] = row
+        self.generations[(logical_id(row.capture_key), row.turn)] += 1
+        return True
+
+    def seal(self, rollout_id: str, attempt: int, capture_key: str, reward: float) -> CanonicalRow:
+        existing = self.canonical.get(rollout_id)
+        if existing is not None and existing.capture_key == capture_key:
+            return existing  # sealing twice is a no-op
+        turns = tuple(
+            sorted((r for (k, _), r in self.staging.items() if k == capture_key), key=lambda r: r.turn)
+        )
+        row = CanonicalRow(
+            rollout_id=rollout_id, attempt=attempt, capture_key=capture_key, reward=reward, turns=turns
+        )
+        self.canonical[rollout_id] = row
+        return row
+
+    @property
+    def turns_regenerated(self) -> int:
+        return sum(n - 1 for n in self.generations.values() if n > 1)
+
+    def save(self, directory: Path) -> tuple[FileDigest, ...]:
+        staging = sorted(self.staging.values(), key=lambda r: (r.capture_key, r.turn))
+        canonical = sorted(self.canonical.values(), key=lambda r: r.rollout_id)
+        lineage = sorted([k, t, n] for (k, t), n in self.generations.items())
+        return (
+            write_records(directory / "staging.msgpack", staging),
+            write_records(directory / "canonical.msgpack", canonical),
+            write_records(directory / "lineage.msgpack", lineage),
+        )
+
+    @classmethod
+    def load(cls, directory: Path) -> TransferStore:
+        store = cls()
+        staging = msgspec.msgpack.decode((directory / "staging.msgpack").read_bytes(), type=list[StagingRow])
+        canonical = msgspec.msgpack.decode(
+            (directory / "canonical.msgpack").read_bytes(), type=list[CanonicalRow]
+        )
+        lineage = msgspec.msgpack.decode(
+            (directory / "lineage.msgpack").read_bytes(), type=list[tuple[str, int, int]]
+        )
+        store.staging = {(r.capture_key, r.turn): r for r in staging}
+        store.canonical = {r.rollout_id: r for r in canonical}
+        store.generations = collections.Counter({(k, t): n for k, t, n in lineage})
+        return store
+
+    def digest(self) -> str:
+        """One hash over every canonical row's tokens: equal transcripts, equal digests."""
+        h = hashlib.sha256()
+        for rollout_id in sorted(self.canonical):
+            for turn in self.canonical[rollout_id].turns:
+                h.update(f"{rollout_id}:{turn.turn}:".encode() + bytes(str(turn.token_ids), "ascii"))
+        return h.hexdigest()
 
 
 class TransferQueue(Participant):
     role = "tq"
+    prefetch = 256
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.store = TransferStore()
+        self.handlers.update({Rows: self.on_rows, SealRows: self.on_seal_rows, FetchRows: self.on_fetch_rows})
+
+    async def on_rows(self, message: Rows) -> None:
+        for row in message.rows:
+            if self.store.add(row):
+                self.counts["staging_rows"] += 1
+            else:
+                self.counts["staging_duplicates"] += 1
+
+    async def on_seal_rows(self, message: SealRows) -> Message:
+        row = self.store.seal(message.rollout_id, message.attempt, message.capture_key, message.reward)
+        self.counts["canonical_rows"] = len(self.store.canonical)
+        return Ok(detail=f"{len(row.turns)} turns")
+
+    async def on_fetch_rows(self, message: FetchRows) -> Message:
+        rows = tuple(self.store.canonical[r] for r in message.rollout_ids if r in self.store.canonical)
+        missing = tuple(r for r in message.rollout_ids if r not in self.store.canonical)
+        return CanonicalRows(rows=rows, missing=missing)
+
+    def status_extras(self) -> dict[str, object]:
+        extras = super().status_extras()
+        self.counts["turns_regenerated"] = self.store.turns_regenerated
+        return extras
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        return self.store.save(directory)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        self.store = TransferStore.load(directory)
+        return ()

@@ -261,6 +261,7 @@ class Generate(Message, frozen=True, kw_only=True):
     seed: int = 0
     max_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
+    policy_version: int = 0  # the version the rollout was dispatched with
 
 
 class Generated(Message, frozen=True, kw_only=True):
@@ -313,6 +314,36 @@ class Rows(Message, frozen=True, kw_only=True):
     rows: tuple[StagingRow, ...]
 
 
+class SealRows(Message, frozen=True, kw_only=True):
+    """Controller -> TQ: the attempt is sealed; make its staging rows the rollout's canonical row."""
+
+    rollout_id: str
+    attempt: int
+    capture_key: str
+    reward: float
+
+
+class CanonicalRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A finished rollout as the trainer reads it: one staging row per model call, in turn order."""
+
+    rollout_id: str
+    attempt: int
+    capture_key: str
+    reward: float
+    turns: tuple[StagingRow, ...]
+
+
+class FetchRows(Message, frozen=True, kw_only=True):
+    """Trainer (controller) -> TQ: read canonical rows."""
+
+    rollout_ids: tuple[str, ...]
+
+
+class CanonicalRows(Message, frozen=True, kw_only=True):
+    rows: tuple[CanonicalRow, ...]
+    missing: tuple[str, ...] = ()
+
+
 class Completed(Message, frozen=True, kw_only=True):
     """Agent -> controller: a receipt for a finished attempt. The agent keeps it until acknowledged."""
 
@@ -337,6 +368,7 @@ class Failed(Message, frozen=True, kw_only=True):
     attempt: int
     code: str
     detail: str = ""
+    turns: int = 0
 
 
 AnyMessage = (
@@ -365,6 +397,9 @@ AnyMessage = (
     | ToolCall
     | ToolResult
     | Rows
+    | SealRows
+    | FetchRows
+    | CanonicalRows
     | Completed
     | Ack
     | Failed

@@ -47,6 +47,13 @@ EXAMPLES: list[m.Message] = [
     ),
     m.ToolResult(rollout_id="g1_g0", attempt=0, call_index=3, ok=True, output={"balance": 10}, revision=4),
     m.Rows(rows=(m.StagingRow(capture_key="g1_g0", turn=0, token_ids=(1,), logprobs=(-0.5,)),)),
+    m.SealRows(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0),
+    m.FetchRows(rollout_ids=("g1_g0",)),
+    m.CanonicalRows(
+        rows=(m.CanonicalRow(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0,
+                             turns=(m.StagingRow(capture_key="g1_g0", turn=0, token_ids=(1,)),)),),
+        missing=("g2_g0",),
+    ),
     m.Completed(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0, turns=5),
     m.Ack(receipts=(ATTEMPT,)),
     m.Failed(rollout_id="g1_g0", attempt=0, code="max_turns", detail="no answer after 8 turns"),
