@@ -45,18 +45,18 @@ class TransferStore:
     """The rows themselves. Pure: the actor wraps it; save/load go to one directory."""
 
     def __init__(self) -> None:
-        self.staging: dict[tuple[str, int], StagingRow] = {}
+        self.staging: dict[str, dict[int, StagingRow]] = {}  # capture key -> turn -> row
         self.canonical: dict[str, CanonicalRow] = {}
         self.generations: collections.Counter[tuple[str, int]] = collections.Counter()
         self.duplicates = 0
 
     def add(self, row: StagingRow) -> bool:
         """Store one staging row; False for a duplicate delivery of a row already stored."""
-        key = (row.capture_key, row.turn)
-        if key in self.staging:
+        turns = self.staging.setdefault(row.capture_key, {})
+        if row.turn in turns:
             self.duplicates += 1
             return False
-        self.staging[key] = row
+        turns[row.turn] = row
         self.generations[(logical_id(row.capture_key), row.turn)] += 1
         return True
 
@@ -64,9 +64,9 @@ class TransferStore:
         existing = self.canonical.get(rollout_id)
         if existing is not None and existing.capture_key == capture_key:
             return existing  # sealing twice is a no-op
-        turns = tuple(
-            sorted((r for (k, _), r in self.staging.items() if k == capture_key), key=lambda r: r.turn)
-        )
+        turns = tuple(row for _, row in sorted(self.staging.get(capture_key, {}).items()))
+        if not turns:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"no staging rows for {capture_key} yet")
         row = CanonicalRow(
             rollout_id=rollout_id, attempt=attempt, capture_key=capture_key, reward=reward, turns=turns
         )
@@ -78,7 +78,7 @@ class TransferStore:
         return sum(n - 1 for n in self.generations.values() if n > 1)
 
     def save(self, directory: Path) -> tuple[FileDigest, ...]:
-        staging = sorted(self.staging.values(), key=lambda r: (r.capture_key, r.turn))
+        staging = [row for key in sorted(self.staging) for _, row in sorted(self.staging[key].items())]
         canonical = sorted(self.canonical.values(), key=lambda r: r.rollout_id)
         lineage = sorted([k, t, n] for (k, t), n in self.generations.items())
         return (
@@ -97,7 +97,8 @@ class TransferStore:
         lineage = msgspec.msgpack.decode(
             (directory / "lineage.msgpack").read_bytes(), type=list[tuple[str, int, int]]
         )
-        store.staging = {(r.capture_key, r.turn): r for r in staging}
+        for row in staging:
+            store.staging.setdefault(row.capture_key, {})[row.turn] = row
         store.canonical = {r.rollout_id: r for r in canonical}
         store.generations = collections.Counter({(k, t): n for k, t, n in lineage})
         return store
