@@ -18,14 +18,20 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from parkway.actors.client import Client
+from parkway.actors.config import ConfigError
+from parkway.actors.config import load as load_config
+from parkway.actors.controller import RunSummary
 from parkway.actors.logs import configure_logging
 from parkway.actors.roles import DEFAULT_TOPOLOGY, ROLES
 from parkway.actors.service import build_actor, serve
 from parkway.actors.settings import RunSettings, SettingsError
+from parkway.actors.tasks import load_tasks
+from parkway.actors.workload import run_workload
 from parkway.brokers import BrokerError, RequestTimeout, connect
 from parkway.brokers.urls import redact_url
 from parkway.protocol import SCHEMA_VERSION, codec
@@ -78,8 +84,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("role", choices=sorted(ROLES))
     p.add_argument("--replica", type=int, default=0)
     p.add_argument("--no-journal", action="store_true", help="keep the reply cache in memory only")
+    p.add_argument(
+        "--config", help="run configuration: the role reads its section (policy engine, resources mode)"
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_cmd_actor)
+
+    p = sub.add_parser("run", help="run a configured workload to completion and print a summary")
+    common(p)
+    p.add_argument("--config", help="YAML run configuration (see examples/); defaults apply without one")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--log-level", default="warning", help="log level of the actors' JSON lines on stderr")
+    p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("publish", help="send one signed control command and print the reply")
     common(p)
@@ -203,6 +219,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_actor(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    try:
+        config = load_config(args.config) if args.config else None
+    except ConfigError as exc:
+        print(f"parkway: config: {exc}", file=sys.stderr)
+        return 2
     configure_logging(level=args.log_level)
 
     async def go() -> None:
@@ -212,11 +233,44 @@ def _cmd_actor(args: argparse.Namespace) -> int:
             connection_name=f"parkway-{settings.run}-{args.role}-{args.replica}",
         )
         async with broker:
-            actor = build_actor(args.role, args.replica, broker, settings, durable=not args.no_journal)
+            actor = build_actor(
+                args.role, args.replica, broker, settings, durable=not args.no_journal, config=config
+            )
             await serve(broker, [actor])
 
     asyncio.run(go())
     return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        tasks = load_tasks(config.tasks, base=Path(args.config).parent if args.config else None)
+    except ConfigError as exc:
+        print(f"parkway: config: {exc}", file=sys.stderr)
+        return 2
+    run = args.run or os.environ.get("PARKWAY_RUN") or config.run
+    settings = RunSettings.from_env(broker_url=args.broker, run=run)
+    configure_logging(level=args.log_level)
+    embedded = settings.broker_url.startswith("memory://")
+
+    async def go() -> RunSummary:
+        broker = connect(settings.broker_url, settings.run, connection_name=f"parkway-{settings.run}-run")
+        async with broker:
+            return await run_workload(
+                broker, settings.secret, config, tasks, embedded=embedded, state_root=settings.state_root
+            )
+
+    summary = asyncio.run(go())
+    fields = msgspec.structs.asdict(summary)
+    if args.json:
+        _print_json(fields)
+    else:
+        width = max(len(k) for k in fields)
+        for key, value in fields.items():
+            print(f"{key:<{width}}  {value}")
+    complete = summary.rollouts_sealed + summary.rollouts_failed == summary.rollouts_expected
+    return 0 if complete and summary.rollouts_failed == 0 else 1
 
 
 def _parse_fields(items: list[str]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ class RolloutConfig(_Section):
     max_turns: int = 5
     max_attempts: int = 3  # per rollout (sibling) or per group redo (prompt_group)
     max_in_flight: int = 64  # rollouts dispatched and not finished, across all agents
-    max_tokens: int = 48  # per model call
+    max_tokens: int = 160  # per model call (byte tokens: a tool call is about 100)
 
 
 class TasksConfig(_Section):

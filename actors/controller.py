@@ -1,13 +1,414 @@
-"""The controller: the only coordinator of a run (admission gate, ledger, snapshots, restore).
+"""The controller: the only coordinator of a run.
 
-The foundation gives it the actor runtime only: it answers Status, Discover and Probe. The rollout
-engine and the snapshot coordinator are built on it by later work.
+It owns the recovery ledger (``protocol/ledger.py``), the admission gate in front of dispatch, the
+ACK outbox and the trainer hook. It forms prompt groups of G siblings from the tasks, dispatches
+``Run`` to agent replicas (never more than ``rollout.max_in_flight`` at once; a reserved attempt that
+waits for the gate is not running), seals ``Completed`` receipts, handles ``Failed`` by the group's
+granularity, acknowledges receipts in batches, and hands settled groups to the trainer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections import defaultdict
+from typing import Any
+
+import msgspec
+import structlog
+from parkway.actors.config import RunConfig, parse_fault
 from parkway.actors.runtime import Actor
+from parkway.actors.tasks import Task
+from parkway.actors.trainer import ExampleTrainer, GroupResult, Trainer
+from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ProtocolError
+from parkway.protocol.ids import actor_address, capture_key
+from parkway.protocol.ledger import Granularity, Ledger, SealOutcome
+from parkway.protocol.messages import (
+    Ack,
+    AttemptRef,
+    CanonicalRows,
+    Completed,
+    Error,
+    Failed,
+    FetchRows,
+    Retire,
+    Run,
+    SealRows,
+    Status,
+    StatusReport,
+)
+
+log = structlog.get_logger("parkway.controller")
+
+ACK_FLUSH_S = 0.01
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    rollouts_expected: int
+    rollouts_sealed: int
+    rollouts_failed: int
+    attempts_dispatched: int
+    attempts_failed: int
+    attempts_abandoned: int
+    attempts_retired: int
+    turns_generated: int
+    turns_regenerated: int
+    model_calls: int
+    tool_calls: int
+    tool_mutations_applied: int
+    tool_duplicates_absorbed: int
+    receipts_duplicate: int
+    receipts_stale: int
+    acks_sent: int
+    ack_batches: int
+    train_steps: int
+    policy_version: int
+    mean_reward: float
+    wall_s: float
+    rollouts_per_s: float
+    model_calls_per_s: float
+    transcripts_sha256: str
+
+
+def stable_int(*parts: object) -> int:
+    """A seed that is the same in every process and run (Python's hash() is salted per process)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 class Controller(Actor):
     role = "controller"
+    prefetch = 256
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handlers.update({Completed: self.on_completed, Failed: self.on_failed})
+        self.ledger = Ledger()
+        self.gate_open = True
+        self.policy_version = 0
+        self._wake = asyncio.Event()
+        self._outbox: dict[int, list[AttemptRef]] = defaultdict(list)
+        self._replica_of: dict[tuple[str, int], int] = {}
+        self._config: RunConfig | None = None
+        self._faults: dict[tuple[str, int], int] = {}
+        self._tasks: list[Task] = []
+        self._sealed_rows: dict[str, float] = {}
+
+    # -- receipts ------------------------------------------------------------------------------
+    async def on_completed(self, receipt: Completed) -> None:
+        key = (receipt.rollout_id, receipt.attempt)
+        if not self.ledger.knows(receipt.rollout_id):
+            self.counts["receipts_stale"] += 1  # its group was finalized already: acknowledge, change nothing
+        else:
+            sibling = self.ledger.sibling(receipt.rollout_id)
+            target = sibling.attempts[receipt.attempt] if receipt.attempt < len(sibling.attempts) else None
+            if target is not None and target is sibling.current and target.state.value == "dispatched":
+                # Canonical rows first: a group the ledger settles must be readable by the trainer.
+                await self._seal_rows(receipt)
+            outcome = self.ledger.seal(
+                receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns
+            )
+            if outcome is SealOutcome.SEALED:
+                self.counts["rollouts_sealed"] += 1
+                log.info(
+                    "sealed", rollout_id=receipt.rollout_id, attempt=receipt.attempt, reward=receipt.reward
+                )
+            elif outcome is SealOutcome.DUPLICATE:
+                self.counts["receipts_duplicate"] += 1
+            else:
+                self.counts["receipts_stale"] += 1
+        self._acknowledge(key)
+
+    async def on_failed(self, receipt: Failed) -> None:
+        key = (receipt.rollout_id, receipt.attempt)
+        if self.ledger.knows(receipt.rollout_id):
+            plan = self.ledger.fail(
+                receipt.rollout_id, receipt.attempt, code=receipt.code, turns=receipt.turns
+            )
+            if plan.stale:
+                self.counts["receipts_stale"] += 1
+            else:
+                self.counts["attempts_failed"] += 1
+                self.counts["rollouts_redone"] += len(plan.redo)
+                self.counts["rollouts_failed"] += len(plan.given_up)
+                log.warning(
+                    "attempt_failed",
+                    rollout_id=receipt.rollout_id,
+                    attempt=receipt.attempt,
+                    code=receipt.code,
+                    redo=len(plan.redo),
+                    given_up=len(plan.given_up),
+                )
+                self.counts["attempts_abandoned"] += len(plan.retire)
+                await self._retire(plan.retire)
+        else:
+            self.counts["receipts_stale"] += 1
+        self._acknowledge(key)
+
+    async def _seal_rows(self, receipt: Completed) -> None:
+        request = SealRows(
+            rollout_id=receipt.rollout_id,
+            attempt=receipt.attempt,
+            capture_key=receipt.capture_key,
+            reward=receipt.reward,
+        )
+        for delay in (0.0, 0.05, 0.2, 0.5, 1.0, 2.0):  # staging rows may still be on their way to TQ
+            await asyncio.sleep(delay)
+            reply = await self.client.request(
+                "tq/0", request, correlation_id=f"seal:{receipt.capture_key}", deadline=time.time() + 30
+            )
+            if not isinstance(reply, Error):
+                return
+            if not reply.retryable:
+                raise ProtocolError(reply.code, reply.detail)
+        raise RuntimeError(f"TQ has no staging rows for {receipt.capture_key} after retries")
+
+    async def _retire(self, attempts: tuple[tuple[str, int, int], ...]) -> None:
+        by_replica: dict[int, list[AttemptRef]] = defaultdict(list)
+        for rollout, attempt, replica in attempts:
+            by_replica[replica].append(AttemptRef(rollout_id=rollout, attempt=attempt))
+        for replica, refs in by_replica.items():
+            command = Retire(
+                checkpoint_id=f"retire-{stable_int(*refs) % 10**12}",
+                deadline=time.time() + 30,
+                attempts=tuple(refs),
+            )
+            reply = await self.client.request(actor_address("agent", replica), command)
+            if isinstance(reply, Error):
+                log.warning("retire_refused", replica=replica, code=reply.code.value, detail=reply.detail)
+                continue
+            for ref in refs:
+                self.ledger.retired(ref.rollout_id, ref.attempt)
+                self.counts["attempts_retired"] += 1
+
+    def _acknowledge(self, key: tuple[str, int]) -> None:
+        replica = self._replica_of.get(key)
+        if replica is not None:
+            self._outbox[replica].append(AttemptRef(rollout_id=key[0], attempt=key[1]))
+        self._wake.set()
+
+    async def _flush_outbox(self) -> None:
+        """One Ack per agent replica for every receipt pending: batched, and a repeat is harmless."""
+        pending, self._outbox = self._outbox, defaultdict(list)
+        for replica, refs in pending.items():
+            await self.client.send(
+                actor_address("agent", replica),
+                Ack(receipts=tuple(refs)),
+                correlation_id=f"ack-{time.monotonic_ns()}",
+            )
+            self.counts["acks_sent"] += len(refs)
+            self.counts["ack_batches"] += 1
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await asyncio.sleep(ACK_FLUSH_S)
+            if self._outbox:
+                await self._flush_outbox()
+
+    # -- the workload --------------------------------------------------------------------------
+    async def run_workload(
+        self, config: RunConfig, tasks: list[Task], trainer: Trainer | None = None
+    ) -> RunSummary:
+        """Run every task's group to completion and return the summary."""
+        trainer = trainer or ExampleTrainer()
+        self._config, self._tasks = config, tasks
+        self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
+        self.ledger = Ledger(max_attempts=config.rollout.max_attempts)
+        granularity = Granularity(config.recovery.default_granularity)
+        for index, _ in enumerate(tasks):
+            self.ledger.add_group(f"t{index:04d}", index, config.rollout.group_size, granularity)
+        expected = len(tasks) * config.rollout.group_size
+        started = time.monotonic()
+        await self.wait_for_cluster(config)
+        acker = asyncio.get_running_loop().create_task(self._ack_loop())
+        try:
+            while self.ledger.groups:
+                await self._dispatch_ready()
+                await self._train_ready(trainer)
+                if not self.ledger.groups:
+                    break
+                self._wake.clear()
+                await self._wake.wait()
+            await self._flush_outbox()
+        finally:
+            acker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acker
+        wall = time.monotonic() - started
+        return await self._summary(config, expected, wall, trainer)
+
+    async def wait_for_cluster(self, config: RunConfig, timeout: float = 120.0) -> None:
+        """Every participant answers Status before the first dispatch (a missing one is named)."""
+        addresses = self.participant_addresses(config)
+        deadline = time.monotonic() + timeout
+        missing = list(addresses)
+        while missing:
+            still = []
+            for address in missing:
+                try:
+                    reply = await self.client.request(
+                        address,
+                        Status(checkpoint_id=f"hello-{time.monotonic_ns()}", deadline=time.time() + 2),
+                    )
+                    if not isinstance(reply, StatusReport):
+                        still.append(address)
+                except (BrokerError, ProtocolError):
+                    still.append(address)
+            missing = still
+            if missing and time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from {', '.join(missing)} within {timeout:.0f}s")
+            if missing:
+                await asyncio.sleep(0.5)
+
+    @staticmethod
+    def participant_addresses(config: RunConfig) -> list[str]:
+        return [
+            "tq/0",
+            "policy/0",
+            *(actor_address("resources", i) for i in range(config.topology.resources)),
+            *(actor_address("agent", i) for i in range(config.topology.agents)),
+        ]
+
+    async def _dispatch_ready(self) -> None:
+        assert self._config is not None
+        config = self._config
+        in_flight = self.ledger.in_flight()
+        for sibling in self.ledger.reserved():
+            if not self.gate_open or in_flight >= config.rollout.max_in_flight:
+                return
+            group = self.ledger.group_of(sibling.rollout_id)
+            task = self._tasks[group.task_index]
+            attempt = sibling.current.index
+            replica = (
+                group.task_index * config.rollout.group_size + sibling.generation_index
+            ) % config.topology.agents
+            run = Run(
+                rollout_id=sibling.rollout_id,
+                attempt=attempt,
+                group_id=group.group_id,
+                env=task.env,
+                prompt=task.prompt,
+                max_turns=task.max_turns or config.rollout.max_turns,
+                seed=stable_int(config.seed, sibling.rollout_id),
+                policy_version=self.policy_version,
+                task=self._task_options(config, sibling.rollout_id, attempt, replica),
+            )
+            self.ledger.dispatch(sibling.rollout_id, attempt, replica)
+            self._replica_of[(sibling.rollout_id, attempt)] = replica
+            self.counts["attempts_dispatched"] += 1
+            in_flight += 1
+            await self.client.send(
+                actor_address("agent", replica), run, correlation_id=capture_key(sibling.rollout_id, attempt)
+            )
+
+    def _task_options(self, config: RunConfig, rollout: str, attempt: int, replica: int) -> dict[str, object]:
+        options: dict[str, object] = {
+            "agent": config.agent,
+            "resources": replica % config.topology.resources,
+            "max_tokens": config.rollout.max_tokens,
+        }
+        fail_at = self._faults.get((rollout, attempt))
+        rate = config.faults.failure_rate
+        if (
+            fail_at is None
+            and rate > 0
+            and stable_int(config.seed, rollout, attempt, "fail") % 10**6 < rate * 10**6
+        ):
+            fail_at = stable_int(config.seed, rollout, attempt, "turn") % config.rollout.max_turns
+        if fail_at is not None:
+            options["fail_at_turn"] = fail_at
+        return options
+
+    async def _train_ready(self, trainer: Trainer) -> None:
+        assert self._config is not None
+        batch_size = self._config.trainer.batch_groups
+        while True:
+            ready = self.ledger.ready_groups()
+            everything_settled = len(ready) == len(self.ledger.groups)
+            if not ready or (len(ready) < batch_size and not everything_settled):
+                return
+            batch = ready[:batch_size]
+            results = []
+            for group in batch:
+                self.ledger.finalize(group.group_id)
+                sealed = [s.rollout_id for s in group.siblings if not s.given_up]
+                reply = await self.client.call(
+                    "tq/0", FetchRows(rollout_ids=tuple(sealed)), correlation_id=f"fetch:{group.group_id}"
+                )
+                assert isinstance(reply, CanonicalRows)
+                if reply.missing:
+                    raise RuntimeError(
+                        f"TQ lacks canonical rows of sealed rollouts: {', '.join(reply.missing)}"
+                    )
+                failed = tuple(s.rollout_id for s in group.siblings if s.given_up)
+                results.append(GroupResult(group.group_id, group.task_index, reply.rows, failed))
+                for row in reply.rows:
+                    self._sealed_rows[row.rollout_id] = row.reward
+            step = trainer.train(results)
+            self.policy_version = step.policy_version
+            self.counts["train_steps"] += 1
+            log.info(
+                "trained",
+                step=step.step,
+                groups=step.groups,
+                samples=step.samples,
+                mean_reward=round(step.mean_reward, 4),
+                policy_version=step.policy_version,
+            )
+            for group in batch:
+                self.ledger.remove(group.group_id)
+
+    async def _summary(self, config: RunConfig, expected: int, wall: float, trainer: Trainer) -> RunSummary:
+        counts: dict[str, int] = defaultdict(int)
+        for address in self.participant_addresses(config):
+            reply = await self.client.request(
+                address, Status(checkpoint_id=f"sum-{time.monotonic_ns()}", deadline=time.time() + 10)
+            )
+            if isinstance(reply, StatusReport):
+                for key, value in reply.counts.items():
+                    counts[f"{address.split('/')[0]}.{key}"] += value
+        digest = await self._transcripts_digest()
+        sealed = self.counts["rollouts_sealed"]
+        rewards = list(self._sealed_rows.values())
+        return RunSummary(
+            rollouts_expected=expected,
+            rollouts_sealed=sealed,
+            rollouts_failed=self.counts["rollouts_failed"],
+            attempts_dispatched=self.counts["attempts_dispatched"],
+            attempts_failed=self.counts["attempts_failed"],
+            attempts_abandoned=self.counts["attempts_abandoned"],
+            attempts_retired=self.counts["attempts_retired"],
+            turns_generated=counts["tq.staging_rows"],
+            turns_regenerated=counts["tq.turns_regenerated"],
+            model_calls=counts["policy.model_calls"],
+            tool_calls=counts["resources.tool_calls"],
+            tool_mutations_applied=counts["resources.tool_mutations_applied"],
+            tool_duplicates_absorbed=counts["resources.tool_duplicates"],
+            receipts_duplicate=self.counts["receipts_duplicate"],
+            receipts_stale=self.counts["receipts_stale"],
+            acks_sent=self.counts["acks_sent"],
+            ack_batches=self.counts["ack_batches"],
+            train_steps=self.counts["train_steps"],
+            policy_version=self.policy_version,
+            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            wall_s=round(wall, 3),
+            rollouts_per_s=round(sealed / wall, 3) if wall else 0.0,
+            model_calls_per_s=round(counts["policy.model_calls"] / wall, 3) if wall else 0.0,
+            transcripts_sha256=digest,
+        )
+
+    async def _transcripts_digest(self) -> str:
+        """sha256 over every sealed rollout's token ids, by rollout id and turn (same seeds, same digest)."""
+        rollouts = tuple(sorted(self._sealed_rows))
+        if not rollouts:
+            return hashlib.sha256().hexdigest()
+        reply = await self.client.call("tq/0", FetchRows(rollout_ids=rollouts), correlation_id="fetch:digest")
+        assert isinstance(reply, CanonicalRows)
+        h = hashlib.sha256()
+        for row in sorted(reply.rows, key=lambda r: r.rollout_id):
+            for turn in row.turns:
+                h.update(f"{row.rollout_id}/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
+        return h.hexdigest()

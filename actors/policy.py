@@ -1,12 +1,211 @@
 """The policy model: admission, in-flight calls, held replies, token lineage; engines in Ray actors.
 
-For now a checkpoint participant with no engine; generation comes with the rollout engine.
+Each ``Generate`` is one model call, request id ``<capture key>:<call index>``. Its tokens go to TQ as
+one staging row *before* the reply goes back, so a lost reply never loses the capture.
+
+At a checkpoint (SPEC: "Policy prepare closes admission (new calls wait in the queue), lets accepted
+calls keep generating, and holds their replies until resume; it never waits for a generation to
+finish"):
+
+- ``close_admission`` closes the gate: calls that have not started generating wait for it to reopen;
+- calls already generating go on; one that finishes while the gate is closed publishes its staging
+  row and then holds its reply;
+- ``wait_until_parked`` returns at once: the policy is parked by construction;
+- ``release`` (Resume, Abort, lease lapse) reopens the gate, which starts the waiting calls and sends
+  the held replies.
+
+A graceful stop leaves calls that wait at the closed gate (not started, or holding a reply) unacked,
+for redelivery; the same request and seed give the same tokens again.
 """
 
 from __future__ import annotations
 
-from parkway.actors.participant import Participant
+import asyncio
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+import structlog
+from parkway.actors.engines.base import GenerationRequest
+from parkway.actors.engines.ray_host import EnginePool, EngineSpec
+from parkway.actors.participant import ParkReport, Participant, write_records
+from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.ids import capture_key
+from parkway.protocol.messages import (
+    Commit,
+    FileDigest,
+    Generate,
+    Generated,
+    Message,
+    Retire,
+    Rows,
+    StagingRow,
+)
+
+log = structlog.get_logger("parkway.policy")
 
 
 class Policy(Participant):
     role = "policy"
+    prefetch: ClassVar[int] = 1024  # generations wait concurrently (on the engines or at the gate)
+
+    def __init__(
+        self,
+        *args: Any,
+        engine: EngineSpec | None = None,
+        engine_host: str = "ray",
+        engines: int = 1,
+        tq_address: str = "tq/0",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine_spec = engine or EngineSpec()
+        self.pool = EnginePool(self.engine_spec, host=engine_host, replicas=engines)
+        self.tq_address = tq_address
+        self.policy_version = 0  # set by the controller when weights change; stamped on every call
+        self._admission = asyncio.Event()
+        self._admission.set()
+        self._stopping = asyncio.Event()
+        self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
+        self._held: set[str] = set()  # request ids whose replies wait for release
+        self.handlers[Generate] = self.on_generate
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.pool.start()
+        await super().start()
+
+    async def stop(self) -> None:
+        self._stopping.set()  # calls waiting at a closed gate give up; they are redelivered later
+        try:
+            await super().stop()
+        finally:
+            await self.pool.stop()
+
+    # -- model calls ---------------------------------------------------------------------------
+    async def on_generate(self, call: Generate) -> Message:
+        attempt = (call.rollout_id, call.attempt)
+        self._refuse_retired(attempt)
+        key = capture_key(call.rollout_id, call.attempt)
+        request_id = f"{key}:{call.call_index}"
+        await self.wait_for_gate(request_id, "admission")  # a call not yet generating waits while closed
+        self._refuse_retired(attempt)
+        # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
+        version = max(call.policy_version, self.policy_version)
+        self._generating[request_id] = attempt
+        try:
+            result = await self.pool.generate(
+                GenerationRequest(
+                    request_id=request_id,
+                    token_ids=call.token_ids,
+                    seed=call.seed,
+                    max_tokens=call.max_tokens,
+                    stop_token_ids=call.stop_token_ids,
+                )
+            )
+        finally:
+            self._generating.pop(request_id, None)
+        self.counts["model_calls"] += 1
+        self.counts["tokens_generated"] += len(result.token_ids)
+        self._refuse_retired(attempt)  # retired while generating: nothing to capture, nobody to answer
+        row = StagingRow(
+            capture_key=key,
+            turn=call.call_index,
+            token_ids=result.token_ids,
+            logprobs=result.logprobs,
+            policy_version=version,
+        )
+        try:
+            await self.client.send(self.tq_address, Rows(rows=(row,)), correlation_id=request_id)
+        except BrokerError as exc:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"staging row for {request_id} not sent: {exc}"
+            ) from exc
+        log.debug(
+            "generated",
+            request_id=request_id,
+            tokens=len(result.token_ids),
+            finish_reason=result.finish_reason,
+            policy_version=version,
+        )
+        if not self._admission.is_set():  # finished during a checkpoint: hold the reply until release
+            self.counts["replies_held"] += 1
+            self._held.add(request_id)
+            try:
+                await self.wait_for_gate(request_id, "reply")
+            finally:
+                self._held.discard(request_id)
+        return Generated(
+            rollout_id=call.rollout_id,
+            attempt=call.attempt,
+            call_index=call.call_index,
+            token_ids=result.token_ids,
+            logprobs=result.logprobs,
+            finish_reason=result.finish_reason,
+            policy_version=version,
+        )
+
+    async def on_retire(self, command: Retire) -> Message:
+        reply = await super().on_retire(command)
+        for request_id, attempt in list(self._generating.items()):
+            if attempt in self.retired:
+                await self.pool.abort(request_id)
+        return reply
+
+    def _refuse_retired(self, attempt: tuple[str, int]) -> None:
+        if attempt in self.retired:
+            raise ProtocolError(ErrorCode.STALE_ATTEMPT, f"attempt {attempt[1]} of {attempt[0]} is retired")
+
+    async def wait_for_gate(self, request_id: str, why: str) -> None:
+        """Return when the gate is open; while stopping, a closed gate cancels the call instead.
+
+        ``why`` is "admission" (the call has not started generating) or "reply" (a held reply).
+        """
+        while not self._admission.is_set():
+            if self._stopping.is_set():
+                raise asyncio.CancelledError  # left unacked: redelivered to the next policy process
+            opened = asyncio.ensure_future(self._admission.wait())
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            try:
+                await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                opened.cancel()
+                stopping.cancel()
+
+    # -- checkpoint hooks ----------------------------------------------------------------------
+    async def close_admission(self) -> None:
+        self._admission.clear()
+
+    async def wait_until_parked(self) -> ParkReport:
+        # Never waits for a generation: accepted calls keep generating and their replies are held.
+        return ParkReport(parked=len(self._generating) + len(self._held))
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        # The policy's own state is its weights' version; the calls in flight are recorded for
+        # diagnosis only (their agents re-send them after a restore: same request, same tokens).
+        record = {
+            "role": self.role,
+            "replica": self.replica,
+            "checkpoint_id": command.checkpoint_id,
+            "episodes": [msgspec.to_builtins(e) for e in command.episodes],
+            "policy_version": self.policy_version,
+            "generating": sorted(self._generating),
+            "held": sorted(self._held),
+        }
+        return (write_records(directory / "participant.msgpack", [record]),)
+
+    async def release(self) -> None:
+        self._admission.set()
+
+    @property
+    def admission_open(self) -> bool:
+        return self._admission.is_set()
+
+    @property
+    def held_replies(self) -> int:
+        return len(self._held)
+
+    @property
+    def generating(self) -> int:
+        return len(self._generating)

@@ -1,12 +1,235 @@
-"""Resources (tool servers): per-rollout sessions with a revision counter and idempotent mutations.
+"""Resources (tool servers): per-rollout sessions with a revision counter and exactly-once tool calls.
 
-For now a checkpoint participant with no sessions; environments come with the rollout engine.
+A session belongs to one attempt of one rollout. The first ``ToolCall`` of a rollout opens it in the
+environment the call names (initial state from the call's seed); every call is keyed by
+(rollout_id, attempt, call_index), so a call delivered twice (a retry after a lost reply, a redelivery
+after a crash) returns the stored result instead of mutating again. Attempts only move forward: a call
+from an older attempt than the session's is refused, one from a newer attempt starts a fresh session.
+
+Two tool names are reserved: ``verify`` scores the session from the agent's record and retires it,
+``release`` retires it without a score. A retired attempt stays fenced (late calls get
+``stale_attempt``) until the controller's ``Forget``; a repeated verify or release gets the same answer.
+
+Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mistakes, answered as
+``ToolResult(ok=False)``; protocol errors (stale attempt, unknown environment) are ``Error`` replies.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import structlog
+from parkway.actors.environments import ENVIRONMENTS, Environment, Record, ToolError
 from parkway.actors.participant import Participant
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import Forget, Message, Retire, ToolCall, ToolResult
+
+log = structlog.get_logger("parkway.resources")
+
+MODES = ("exported", "stateless", "restart_only")
+VERIFY = "verify"
+RELEASE = "release"
+RESERVED_TOOLS = frozenset({VERIFY, RELEASE})
+
+
+@dataclass
+class Session:
+    """One attempt's environment and every call answered in it, keyed by (attempt, call_index)."""
+
+    attempt: int
+    env: Environment
+    revision: int = 0  # +1 per applied mutation
+    results: dict[tuple[int, int], tuple[ToolCall, ToolResult]] = field(default_factory=dict)
+    retired: bool = False
+    ending: ToolResult | None = None  # the verify or release answer that retired it, if any
 
 
 class Resources(Participant):
     role = "resources"
+
+    def __init__(self, *args: Any, mode: str = "exported", **kwargs: Any) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        super().__init__(*args, **kwargs)
+        self.mode = mode
+        # rollout id -> its newest attempt's session; a retired one stays as a fence until Forget.
+        self.sessions: dict[str, Session] = {}
+        self.handlers[ToolCall] = self.on_tool_call
+
+    # -- the tool call -------------------------------------------------------------------------
+    async def on_tool_call(self, call: ToolCall) -> Message:
+        # No await in here: checking the key and applying the call happen in one step of the loop,
+        # so two deliveries of the same call can never both apply it.
+        self.counts["tool_calls"] += 1
+        session = self._session_for(call)
+        key = (call.attempt, call.call_index)
+        if session.retired:
+            result = self._after_retirement(session, call)
+        elif call.tool == RELEASE:
+            result = self._release(session, call)
+        elif key in session.results:
+            result = self._duplicate(session.results[key], call)
+        else:
+            result = self._run(session, call)
+            if not session.retired:  # a retired session keeps only its ending
+                session.results[key] = (call, result)
+        log.debug(
+            "tool_call", tool=call.tool, call_index=call.call_index, ok=result.ok, revision=result.revision
+        )
+        return result
+
+    def _session_for(self, call: ToolCall) -> Session:
+        """The session this call belongs to, opening (or replacing) it for a new attempt."""
+        session = self.sessions.get(call.rollout_id)
+        if session is not None and call.attempt < session.attempt:
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT,
+                f"{call.rollout_id} attempt {call.attempt} was replaced by attempt {session.attempt}",
+            )
+        current = session is not None and session.attempt == call.attempt
+        if not current and (call.rollout_id, call.attempt) in self.retired:
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT, f"{call.rollout_id} attempt {call.attempt} is retired"
+            )
+        if session is None or not current:
+            fresh = self.open_session(call)
+            if session is not None and not session.retired:
+                self.counts["sessions_retired"] += 1  # superseded by the newer attempt
+            session = self.sessions[call.rollout_id] = fresh
+            self.counts["sessions_opened"] += 1
+        if (session.env.name, session.env.seed) != (call.env, call.seed):
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"{call.rollout_id} attempt {call.attempt} runs in {session.env.name} with seed "
+                f"{session.env.seed}, not {call.env} with seed {call.seed}",
+            )
+        return session
+
+    def open_session(self, call: ToolCall) -> Session:
+        """A fresh session for the first call of an attempt: a live retry starts from the prompt.
+
+        This is the hook where restoring a saved session (exported mode) will plug in.
+        """
+        env_class = ENVIRONMENTS.get(call.env)
+        if env_class is None:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"unknown environment {call.env!r}; this server has {', '.join(sorted(ENVIRONMENTS))}",
+            )
+        return Session(attempt=call.attempt, env=env_class(call.seed))
+
+    def _duplicate(self, seen: tuple[ToolCall, ToolResult], call: ToolCall) -> ToolResult:
+        """The stored answer of a call already applied, after checking it is really the same call."""
+        first, result = seen
+        if (first.tool, first.arguments) != (call.tool, call.arguments):
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"call {call.call_index} of {call.rollout_id} attempt {call.attempt} was {first.tool} "
+                f"with other arguments; a call index names one call",
+            )
+        self.counts["tool_duplicates"] += 1
+        return result
+
+    def _after_retirement(self, session: Session, call: ToolCall) -> ToolResult:
+        """A repeated verify or release gets the ending again; anything else is too late."""
+        if call.tool not in RESERVED_TOOLS or session.ending is None:
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT, f"{call.rollout_id} attempt {call.attempt} is retired"
+            )
+        self.counts["tool_duplicates"] += 1
+        return msgspec.structs.replace(session.ending, call_index=call.call_index)
+
+    def _run(self, session: Session, call: ToolCall) -> ToolResult:
+        if call.tool == VERIFY:
+            return self._verify(session, call)
+        try:
+            output = session.env.apply(call.tool, dict(call.arguments))
+        except ToolError as err:
+            return self._result(session, call, ok=False, output={"error": err.message})
+        if session.env.spec(call.tool).mutates:
+            session.revision += 1
+            self.counts["tool_mutations_applied"] += 1
+        return self._result(session, call, ok=True, output=output)
+
+    def _release(self, session: Session, call: ToolCall) -> ToolResult:
+        """Retire without a score. It skips the index check: clean-up must work whatever index it
+        comes with (an agent that lost a call's reply releases under that call's index)."""
+        return self._retire(call, session, self._result(session, call, ok=True, output={"released": True}))
+
+    def _verify(self, session: Session, call: ToolCall) -> ToolResult:
+        """Score the session from the agent's record; a malformed record is a tool error, not an ending."""
+        try:
+            reward = session.env.verify(parse_record(call.arguments))
+        except ToolError as err:
+            return self._result(session, call, ok=False, output={"error": err.message})
+        return self._retire(call, session, self._result(session, call, ok=True, output={"reward": reward}))
+
+    def _retire(self, call: ToolCall, session: Session, ending: ToolResult) -> ToolResult:
+        """End the session with ``ending``, which a repeated verify or release gets again."""
+        self._fence(call.rollout_id, session)
+        session.ending = ending
+        return ending
+
+    def _fence(self, rollout_id: str, session: Session) -> None:
+        """Retire the attempt: drop its call results (only the ending is kept) and refuse later calls."""
+        if not session.retired:
+            self.counts["sessions_retired"] += 1
+        session.retired = True
+        session.results.clear()
+        self.retired.add((rollout_id, session.attempt))
+
+    @staticmethod
+    def _result(session: Session, call: ToolCall, *, ok: bool, output: dict[str, Any]) -> ToolResult:
+        return ToolResult(
+            rollout_id=call.rollout_id,
+            attempt=call.attempt,
+            call_index=call.call_index,
+            ok=ok,
+            output=output,
+            revision=session.revision,
+        )
+
+    # -- the controller's retire and forget ----------------------------------------------------
+    async def on_retire(self, command: Retire) -> Message:
+        """Retiring an attempt also ends its session here: no score, and later calls are refused."""
+        reply = await super().on_retire(command)
+        for ref in command.attempts:
+            session = self.sessions.get(ref.rollout_id)
+            if session is not None and session.attempt == ref.attempt and not session.retired:
+                self._fence(ref.rollout_id, session)
+        return reply
+
+    async def on_forget(self, command: Forget) -> Message:
+        """Forgetting a retired attempt drops its fence, the session it left behind included."""
+        reply = await super().on_forget(command)
+        for ref in command.attempts:
+            session = self.sessions.get(ref.rollout_id)
+            if session is not None and session.attempt == ref.attempt and session.retired:
+                del self.sessions[ref.rollout_id]
+        return reply
+
+
+def parse_record(arguments: dict[str, Any]) -> Record:
+    """The ``calls`` argument of ``verify``: a list of {"tool", "arguments", "output"} objects."""
+    if set(arguments) != {"calls"}:
+        raise ToolError(f"verify takes exactly one argument, 'calls', not {sorted(map(str, arguments))}")
+    calls = arguments["calls"]
+    if not isinstance(calls, list):
+        raise ToolError(f"verify: 'calls' must be a list, not {type(calls).__name__}")
+    record: Record = []
+    for position, entry in enumerate(calls):
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"tool", "arguments", "output"}
+            or not isinstance(entry["tool"], str)
+            or not isinstance(entry["arguments"], dict)
+            or not isinstance(entry["output"], dict)
+        ):
+            raise ToolError(
+                f"verify: calls[{position}] must be an object with a string 'tool' and object "
+                f"'arguments' and 'output', not {repr(entry)[:200]}"
+            )
+        record.append((entry["tool"], entry["arguments"], entry["output"]))
+    return record

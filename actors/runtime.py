@@ -198,6 +198,7 @@ class Actor:
             await self._send_reply(envelope, content)
         self.faults.reach("after_reply_sent", key[1])
         if failure is not None:
+            self.counts["refused:internal"] += 1
             await self.broker.dead_letter(delivery, code=ErrorCode.INTERNAL.value, detail=str(failure))
         else:
             await delivery.ack()
@@ -220,7 +221,7 @@ class Actor:
         return message
 
     async def _refuse(self, delivery: Delivery, err: ProtocolError, sender: str) -> None:
-        self.counts[f"error:{err.code.value}"] += 1
+        self.counts[f"refused:{err.code.value}"] += 1  # refused at the edge: each one is dead-lettered
         log.warning(
             "message_refused",
             code=err.code.value,
@@ -261,18 +262,19 @@ class Actor:
         return {}
 
     async def on_status(self, _: Status) -> Message:
-        return StatusReport(
-            role=self.role,
-            replica=self.replica,
-            run=self.run,
-            pid=os.getpid(),
-            phase=self.phase_name(),
-            in_flight=max(0, self.in_flight - 1),  # not counting this Status itself
-            started_at=self.started_at,
-            handled=self.handled,
-            counts=dict(self.counts),
-            **self.status_extras(),
-        )
+        fields: dict[str, Any] = {
+            "role": self.role,
+            "replica": self.replica,
+            "run": self.run,
+            "pid": os.getpid(),
+            "phase": self.phase_name(),
+            "in_flight": max(0, self.in_flight - 1),  # not counting this Status itself
+            "started_at": self.started_at,
+            "handled": self.handled,
+            "counts": dict(self.counts),
+        }
+        fields.update(self.status_extras())  # a role may say better what "in flight" means for it
+        return StatusReport(**fields)
 
     async def on_discover(self, _: Discover) -> Message:
         return Capabilities(role=self.role, replica=self.replica)

@@ -13,18 +13,28 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
+from parkway.actors.config import RunConfig
 from parkway.actors.faults import FaultPoints
 from parkway.actors.logs import BrokerLogSink, attach_sink, detach_sink
 from parkway.actors.participant import Participant
 from parkway.actors.roles import ROLES
 from parkway.actors.runtime import Actor
 from parkway.actors.settings import RunSettings
+from parkway.actors.workload import role_options
 from parkway.brokers.base import Broker
 
 log = structlog.get_logger("parkway.service")
 
 
-def build_actor(role: str, replica: int, broker: Broker, settings: RunSettings, *, durable: bool) -> Actor:
+def build_actor(
+    role: str,
+    replica: int,
+    broker: Broker,
+    settings: RunSettings,
+    *,
+    durable: bool,
+    config: RunConfig | None = None,
+) -> Actor:
     """One actor of ``role``; ``durable`` gives it a state dir (reply journal) under the state root."""
     cls = ROLES[role]
     state_dir = settings.state_root / "state" / settings.run / role / str(replica) if durable else None
@@ -33,6 +43,7 @@ def build_actor(role: str, replica: int, broker: Broker, settings: RunSettings, 
         "replica": replica,
         "state_dir": state_dir,
         "faults": FaultPoints(),
+        **role_options(role, config),
     }
     if issubclass(cls, Participant):
         kwargs["snapshot_root"] = Path(settings.state_root) / "snapshots"

@@ -12,7 +12,12 @@ from parkway.protocol import messages as m
 from parkway.protocol.ids import CHECKPOINT_ID_PATTERN
 
 # The status counters of messages an actor refused (each of these is also dead-lettered).
-REFUSALS = ("error:unauthorized", "error:invalid_message", "error:unsupported_version", "error:internal")
+REFUSALS = (
+    "refused:unauthorized",
+    "refused:invalid_message",
+    "refused:unsupported_version",
+    "refused:internal",
+)
 
 checkpoint_ids = st.from_regex(CHECKPOINT_ID_PATTERN, fullmatch=True)
 rollout_ids = st.text(min_size=1, max_size=20)

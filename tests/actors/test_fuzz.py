@@ -86,7 +86,7 @@ def test_the_actor_survived_and_accounted_for_everything(harness: Harness) -> No
     refused = sum(status.counts.get(k, 0) for k in REFUSALS)
     assert harness.sent >= 2000
     assert dead == refused  # every refusal was dead-lettered, and nothing else was
-    assert status.counts.get("error:internal", 0) == 0  # no input found a handler bug
+    assert status.counts.get("refused:internal", 0) == 0  # no input found a handler bug
     # The fuzz exercised both sides: plenty refused, and plenty valid enough to be handled.
     assert refused > harness.sent * 0.3
     assert harness.sent - refused > harness.sent * 0.1

@@ -66,7 +66,7 @@ async def test_wrong_secret_is_unauthorized_and_dead_lettered(tq: Actor, broker:
     assert isinstance(reply, Error) and reply.code is ErrorCode.UNAUTHORIZED
     [letter] = await broker.read_dead_letters()
     assert letter.code == "unauthorized" and letter.origin == "tq/0"
-    assert tq.counts["error:unauthorized"] == 1 and tq.counts["Probe"] == 0
+    assert tq.counts["refused:unauthorized"] == 1 and tq.counts["Probe"] == 0
 
 
 async def test_a_message_signed_for_another_run_is_unauthorized(tq: Actor, hub: MemoryHub) -> None:

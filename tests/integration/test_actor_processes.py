@@ -71,16 +71,16 @@ async def test_sigkill_after_the_reply_is_journaled_is_answered_from_the_journal
 
 
 async def test_sigterm_finishes_the_handler_in_progress_and_exits_cleanly(spawn, client: Client) -> None:
-    first = spawn("agent")
+    first = spawn("controller")
     await wait_ready(client, first)
     running = asyncio.ensure_future(
-        client.request("agent/0", Probe(checkpoint_id="term-1", deadline=time.time() + 60, work_s=1.0))
+        client.request("controller/0", Probe(checkpoint_id="term-1", deadline=time.time() + 60, work_s=1.0))
     )
-    await wait_handling(client, "agent/0")
+    await wait_handling(client, "controller/0")
     first.signal(signal.SIGTERM)
     await until(lambda: "actor_stopping" in first.log_text())  # paused: nothing new starts from here
     later = asyncio.ensure_future(
-        client.request("agent/0", Probe(checkpoint_id="term-2", deadline=time.time() + 60))
+        client.request("controller/0", Probe(checkpoint_id="term-2", deadline=time.time() + 60))
     )
     finished = await running
     assert isinstance(finished, ProbeResult) and finished.pid == first.pid  # finished, not abandoned
@@ -88,6 +88,6 @@ async def test_sigterm_finishes_the_handler_in_progress_and_exits_cleanly(spawn,
     assert "actor_stopped" in first.log_text()
     assert not later.done()  # left on the queue, not lost
 
-    second = spawn("agent")
+    second = spawn("controller")
     answered = await later
     assert isinstance(answered, ProbeResult) and answered.pid == second.pid

@@ -50,8 +50,15 @@ EXAMPLES: list[m.Message] = [
     m.SealRows(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0),
     m.FetchRows(rollout_ids=("g1_g0",)),
     m.CanonicalRows(
-        rows=(m.CanonicalRow(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0,
-                             turns=(m.StagingRow(capture_key="g1_g0", turn=0, token_ids=(1,)),)),),
+        rows=(
+            m.CanonicalRow(
+                rollout_id="g1_g0",
+                attempt=0,
+                capture_key="g1_g0",
+                reward=1.0,
+                turns=(m.StagingRow(capture_key="g1_g0", turn=0, token_ids=(1,)),),
+            ),
+        ),
         missing=("g2_g0",),
     ),
     m.Completed(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0, turns=5),

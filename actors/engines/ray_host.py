@@ -1,0 +1,187 @@
+"""Hosting engines: N replicas in Ray actors (host "ray"), or one in this process (host "inline").
+
+``EngineActor`` is a plain class here; it becomes a Ray actor class (``ray.remote``) only when a pool
+starts, so importing this module needs neither a running Ray nor, for host "inline", Ray at all.
+Ray ObjectRefs are awaited directly from asyncio.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult
+
+log = structlog.get_logger("parkway.engines")
+
+HOSTS = ("ray", "inline")
+
+# Ray pools running in this process, and whether one of them started Ray (then the last to stop shuts
+# it down; a Ray that someone else started is left alone).
+_ray_users = 0
+_ray_started_here = False
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which engine to build and with what arguments: ``kind`` "deterministic" (later "vllm")."""
+
+    kind: str = "deterministic"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def build_engine(spec: EngineSpec) -> Engine:
+    if spec.kind == "deterministic":
+        from parkway.actors.engines.deterministic import DeterministicEngine
+
+        return DeterministicEngine(**spec.kwargs)
+    raise ValueError(f"unknown engine kind {spec.kind!r} (known: 'deterministic')")
+
+
+class EngineActor:
+    """One engine replica; hosted as an async Ray actor via ``ray.remote(EngineActor)``."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.engine = build_engine(spec)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self.engine.generate(request)
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.engine.abort(request_id)
+
+    async def in_flight(self) -> int:
+        return self.engine.in_flight()
+
+    async def ready(self) -> bool:
+        return True
+
+
+_remote_class: Any = None
+
+
+def remote_engine_actor() -> Any:
+    """The Ray actor class of ``EngineActor``, made on first use."""
+    global _remote_class
+    if _remote_class is None:
+        import ray
+
+        _remote_class = ray.remote(EngineActor)
+    return _remote_class
+
+
+class EnginePool:
+    """N engine replicas behind one ``generate``: round-robin dispatch, abort by request id."""
+
+    def __init__(
+        self,
+        spec: EngineSpec | None = None,
+        *,
+        host: str = "ray",
+        replicas: int = 1,
+        ray_num_cpus: int | None = None,
+        actor_options: dict[str, Any] | None = None,
+    ) -> None:
+        if host not in HOSTS:
+            raise ValueError(f"engine host {host!r} is not one of {HOSTS}")
+        if replicas < 1:
+            raise ValueError(f"replicas {replicas} < 1")
+        self.spec = spec or EngineSpec()
+        self.host = host
+        self.replicas = replicas
+        self.ray_num_cpus = ray_num_cpus
+        # A deterministic replica needs no CPU reservation; a vLLM one would ask for num_gpus here.
+        self.actor_options = {"num_cpus": 0, **(actor_options or {})}
+        self._engine: Engine | None = None  # host "inline"
+        self._actors: list[Any] = []  # host "ray"
+        self._next = itertools.count()
+        self._where: dict[str, int] = {}  # request id -> replica running it
+        self._dispatched = 0  # host "ray": requests sent and not yet returned
+        self._uses_ray = False
+        self.started = False
+
+    async def start(self) -> None:
+        if self.started:
+            return
+        if self.host == "inline":
+            self._engine = build_engine(self.spec)
+        else:
+            import ray
+
+            global _ray_users, _ray_started_here
+            if not ray.is_initialized():
+                ray.init(
+                    num_cpus=self.ray_num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    ignore_reinit_error=True,
+                )
+                _ray_started_here = True
+            _ray_users += 1
+            self._uses_ray = True
+            cls = remote_engine_actor().options(**self.actor_options)
+            self._actors = [cls.remote(self.spec) for _ in range(self.replicas)]
+            try:
+                for actor in self._actors:  # fail here, not on the first request, if a replica cannot start
+                    await actor.ready.remote()
+            except BaseException:
+                await self.stop()
+                raise
+        self.started = True
+        log.info("engines_started", host=self.host, replicas=self.replicas, kind=self.spec.kind)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if not self.started:
+            raise RuntimeError("engine pool is not started")
+        if self._engine is not None:
+            return await self._engine.generate(request)
+        index = next(self._next) % len(self._actors)
+        self._where[request.request_id] = index
+        self._dispatched += 1
+        try:
+            return await self._actors[index].generate.remote(request)
+        finally:
+            self._dispatched -= 1
+            if self._where.get(request.request_id) == index:
+                del self._where[request.request_id]
+
+    async def abort(self, request_id: str) -> bool:
+        if self._engine is not None:
+            return await self._engine.abort(request_id)
+        index = self._where.get(request_id)
+        if index is None:
+            return False
+        return await self._actors[index].abort.remote(request_id)
+
+    def in_flight(self) -> int:
+        if self._engine is not None:
+            return self._engine.in_flight()
+        return self._dispatched
+
+    async def replica_in_flight(self) -> list[int]:
+        """What each replica itself counts as running (host "ray"), or the inline engine's count."""
+        if self._engine is not None:
+            return [self._engine.in_flight()]
+        return [await actor.in_flight.remote() for actor in self._actors]
+
+    async def stop(self) -> None:
+        global _ray_users, _ray_started_here
+        self._engine = None
+        if self._actors:
+            import ray
+
+            for actor in self._actors:
+                ray.kill(actor)
+            self._actors = []
+        self._where.clear()
+        if self._uses_ray:
+            self._uses_ray = False
+            _ray_users -= 1
+            if _ray_users == 0 and _ray_started_here:
+                import ray
+
+                _ray_started_here = False
+                ray.shutdown()
+        self.started = False

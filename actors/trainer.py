@@ -1,0 +1,61 @@
+"""The trainer hook: the controller hands it complete prompt groups in batches.
+
+A trainer sees only groups whose every sibling settled; a sibling that failed for good is reported as
+a typed failure (``failed`` lists it), never as a fake zero-reward sample.
+"""
+
+from __future__ import annotations
+
+import statistics
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from parkway.protocol.messages import CanonicalRow
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    group_id: str
+    task_index: int
+    rows: tuple[CanonicalRow, ...]  # sealed siblings, in sibling order
+    failed: tuple[str, ...]  # rollout ids given up on
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    step: int
+    policy_version: int
+    groups: int
+    samples: int
+    failed: int
+    mean_reward: float
+    tokens: int
+
+
+class Trainer(ABC):
+    @abstractmethod
+    def train(self, batch: list[GroupResult]) -> TrainStep:
+        """Consume one batch; return what the step did. The policy version it returns is the new one."""
+
+
+@dataclass
+class ExampleTrainer(Trainer):
+    """Records batch statistics and bumps the policy version, as a real trainer's update would."""
+
+    policy_version: int = 0
+    steps: list[TrainStep] = field(default_factory=list)
+
+    def train(self, batch: list[GroupResult]) -> TrainStep:
+        rows = [row for group in batch for row in group.rows]
+        self.policy_version += 1
+        step = TrainStep(
+            step=len(self.steps) + 1,
+            policy_version=self.policy_version,
+            groups=len(batch),
+            samples=len(rows),
+            failed=sum(len(g.failed) for g in batch),
+            mean_reward=statistics.fmean(r.reward for r in rows) if rows else 0.0,
+            tokens=sum(len(t.token_ids) for r in rows for t in r.turns),
+        )
+        self.steps.append(step)
+        return step

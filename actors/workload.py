@@ -1,0 +1,86 @@
+"""Running a configured workload: every actor in one process on the in-memory broker (embedded),
+or the controller alone driving actors that run as services on a real broker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from parkway.actors.config import RunConfig
+from parkway.actors.controller import Controller, RunSummary
+from parkway.actors.participant import Participant
+from parkway.actors.runtime import Actor
+from parkway.actors.tasks import Task
+from parkway.actors.trainer import Trainer
+from parkway.brokers.base import Broker
+
+
+def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
+    """Constructor keywords a role takes from the run configuration."""
+    if config is None:
+        return {}
+    if role == "policy":
+        from parkway.actors.engines.ray_host import EngineSpec
+
+        kwargs = (
+            {"per_token_delay_s": config.policy.per_token_delay_s}
+            if config.policy.engine == "deterministic"
+            else {}
+        )
+        return {
+            "engine": EngineSpec(kind=config.policy.engine, kwargs=kwargs),
+            "engine_host": config.policy.host,
+            "engines": config.policy.engines,
+        }
+    if role == "resources":
+        return {"mode": config.resources.mode}
+    return {}
+
+
+def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root: Path) -> list[Actor]:
+    """The whole cluster of a configuration, on one broker connection."""
+    from parkway.actors.roles import ROLES
+
+    actors: list[Actor] = []
+    layout = [
+        ("tq", 1),
+        ("policy", 1),
+        ("resources", config.topology.resources),
+        ("agent", config.topology.agents),
+    ]
+    for role, count in layout:
+        cls = ROLES[role]
+        for replica in range(count):
+            kwargs: dict[str, Any] = {"secret": secret, "replica": replica, **role_options(role, config)}
+            if issubclass(cls, Participant):
+                kwargs["snapshot_root"] = state_root / "snapshots"
+            actors.append(cls(broker, **kwargs))
+    return actors
+
+
+async def run_workload(
+    broker: Broker,
+    secret: bytes,
+    config: RunConfig,
+    tasks: list[Task],
+    *,
+    embedded: bool,
+    state_root: Path,
+    trainer: Trainer | None = None,
+) -> RunSummary:
+    """Start what this process hosts, run the workload to completion, stop, return the summary."""
+    actors = embedded_actors(broker, secret, config, state_root) if embedded else []
+    controller = Controller(broker, secret=secret, replica=0)
+    started: list[Actor] = []
+    try:
+        for actor in [*actors, controller]:
+            await actor.start()
+            started.append(actor)
+        return await controller.run_workload(config, tasks, trainer)
+    finally:
+        for actor in reversed(started):
+            await actor.stop()
+
+
+__all__ = ["RunSummary", "embedded_actors", "role_options", "run_workload"]

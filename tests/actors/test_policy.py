@@ -1,0 +1,269 @@
+"""The policy actor on the in-memory broker, with its engine inline.
+
+Generate -> Generated plus a staging row at a fake ``tq/0``; and the checkpoint behaviour: a call that
+arrives while admission is closed waits until Resume, a call already generating finishes while
+prepared but its reply is held until Resume, and Prepare never waits for a generation. Interleavings
+are forced with events (the policy's ``wait_for_gate`` and a gated ``pool.generate``), never slept into.
+A checkpoint here is Prepare, Commit, Resume, as the controller runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from parkway.actors import chat
+from parkway.actors.client import Client
+from parkway.actors.engines.base import GenerationRequest
+from parkway.actors.engines.deterministic import DeterministicEngine
+from parkway.actors.engines.ray_host import EngineSpec
+from parkway.actors.policy import Policy
+from parkway.brokers.base import Delivery
+from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol.errors import ErrorCode
+from parkway.protocol.messages import (
+    AttemptRef,
+    Commit,
+    Committed,
+    Error,
+    Generate,
+    Generated,
+    Message,
+    Ok,
+    Prepare,
+    Prepared,
+    Resume,
+    Retire,
+    Rows,
+    StagingRow,
+)
+
+from tests.actors.helpers import SECRET
+
+RUN = "unit"
+TOOLS = [chat.ToolSpec("increment", (("by", "int"),)), chat.ToolSpec("get", (), mutates=False)]
+PROMPT = tuple(
+    chat.encode(
+        chat.render(
+            [
+                chat.Message("system", chat.system_prompt("count", TOOLS, 3)),
+                chat.Message("user", "Count to 12."),
+            ]
+        )
+    )
+)
+
+
+class Observed(Policy):
+    """A policy that tells the test whenever a call waits at its closed gate."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.at_gate: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+    async def wait_for_gate(self, request_id: str, why: str) -> None:
+        if not self.admission_open:
+            self.at_gate.put_nowait((request_id, why))
+        await super().wait_for_gate(request_id, why)
+
+
+class Cluster:
+    def __init__(self, broker: MemoryBroker, policy: Observed) -> None:
+        self.broker = broker
+        self.policy = policy
+        self.agent = Client(broker, secret=SECRET, sender="agent/0")
+        self.rows: asyncio.Queue[tuple[str, Message]] = asyncio.Queue()
+
+    async def on_row(self, delivery: Delivery) -> None:
+        self.rows.put_nowait((delivery.envelope.correlation_id, self.agent.open(delivery.envelope)))
+        await delivery.ack()
+
+    async def generate(self, call_index: int = 0, *, rollout_id: str = "g_g0", attempt: int = 0) -> Message:
+        call = Generate(
+            rollout_id=rollout_id,
+            attempt=attempt,
+            call_index=call_index,
+            token_ids=PROMPT,
+            seed=5,
+            max_tokens=256,
+        )
+        request_id = f"{rollout_id if attempt == 0 else f'{rollout_id}-a{attempt}'}:{call_index}"
+        return await self.agent.request("policy/0", call, correlation_id=request_id, timeout=20)
+
+    async def control(self, command: Message) -> Message:
+        return await self.agent.request("policy/0", command)  # type: ignore[arg-type]
+
+    async def commit_and_resume(self, checkpoint_id: str) -> dict[str, object]:
+        """Finish the checkpoint (Commit, Resume); return the policy's snapshot record."""
+        location = f"tmp_{checkpoint_id}"
+        committed = await self.control(
+            Commit(checkpoint_id=checkpoint_id, deadline=soon(), location=location)
+        )
+        assert isinstance(committed, Committed)
+        assert self.policy.snapshot_root is not None
+        written = self.policy.participant_dir(location) / committed.files[0].path
+        [record] = msgspec.msgpack.decode(written.read_bytes())
+        assert await self.control(Resume(checkpoint_id=checkpoint_id, deadline=soon())) == Ok(
+            detail="resumed"
+        )
+        return record
+
+
+@pytest.fixture
+async def make_cluster(tmp_path: Path):
+    hub = MemoryHub()
+    made: list[tuple[MemoryBroker, Observed]] = []
+
+    async def make(per_token_delay_s: float = 0.0) -> Cluster:
+        broker = MemoryBroker(hub, RUN)
+        await broker.start()
+        policy = Observed(
+            broker,
+            secret=SECRET,
+            engine=EngineSpec(kwargs={"per_token_delay_s": per_token_delay_s}),
+            engine_host="inline",
+            snapshot_root=tmp_path,
+            lease_grace_s=30.0,
+        )
+        cluster = Cluster(broker, policy)
+        await broker.declare("tq/0")
+        await broker.consume("tq/0", cluster.on_row)
+        await policy.start()
+        made.append((broker, policy))
+        return cluster
+
+    yield make
+    for broker, policy in made:
+        if policy.pool.started:
+            await policy.stop()
+        await broker.close()
+
+
+def soon() -> float:
+    return time.time() + 10
+
+
+def expected_reply() -> tuple[tuple[int, ...], tuple[float, ...]]:
+    request = GenerationRequest(request_id="x", token_ids=PROMPT, seed=5, max_tokens=256)
+    tokens, logprobs = DeterministicEngine().reply_tokens(request)
+    return tuple(tokens), tuple(logprobs)
+
+
+async def test_generate_replies_and_stages_a_row(make_cluster) -> None:
+    cluster = await make_cluster()
+    cluster.policy.policy_version = 3
+    reply = await cluster.generate(call_index=2, attempt=1)
+    tokens, logprobs = expected_reply()
+    assert reply == Generated(
+        rollout_id="g_g0",
+        attempt=1,
+        call_index=2,
+        token_ids=tokens,
+        logprobs=logprobs,
+        finish_reason="stop",
+        policy_version=3,
+    )
+    assert chat.parse_reply(chat.decode(tokens)).tool_calls  # a real tool call, in the chat format
+    correlation_id, rows = await asyncio.wait_for(cluster.rows.get(), 5)
+    assert correlation_id == "g_g0-a1:2"
+    assert rows == Rows(
+        rows=(
+            StagingRow(capture_key="g_g0-a1", turn=2, token_ids=tokens, logprobs=logprobs, policy_version=3),
+        )
+    )
+    counts = cluster.policy.counts
+    assert counts["model_calls"] == 1 and counts["tokens_generated"] == len(tokens)
+    assert counts["replies_held"] == 0
+
+
+async def test_a_call_arriving_while_prepared_waits_until_resume(make_cluster) -> None:
+    cluster = await make_cluster()
+    assert await cluster.control(Prepare(checkpoint_id="ck-1", deadline=soon())) == Prepared(
+        checkpoint_id="ck-1", parked=0
+    )
+    call = asyncio.ensure_future(cluster.generate(call_index=0))
+    assert await asyncio.wait_for(cluster.policy.at_gate.get(), 5) == ("g_g0:0", "admission")
+    # Waiting at the gate, it has not reached the engine: no tokens, no row, no reply.
+    assert cluster.policy.counts["model_calls"] == 0 and cluster.policy.generating == 0
+    assert cluster.rows.empty() and not call.done()
+    assert not call.done()  # committed, still waiting
+    record = await cluster.commit_and_resume("ck-1")
+    assert record["generating"] == [] and record["held"] == []
+    reply = await asyncio.wait_for(call, 5)
+    assert isinstance(reply, Generated) and reply.token_ids == expected_reply()[0]
+    assert (await asyncio.wait_for(cluster.rows.get(), 5))[0] == "g_g0:0"
+    assert cluster.policy.counts["replies_held"] == 0  # it generated after resume: nothing to hold
+
+
+async def test_a_call_generating_at_prepare_finishes_but_its_reply_waits_for_resume(make_cluster) -> None:
+    cluster = await make_cluster(per_token_delay_s=0.002)
+    policy = cluster.policy
+    generating, may_generate = asyncio.Event(), asyncio.Event()
+    engine_generate = policy.pool.generate
+
+    async def gated_generate(request: GenerationRequest):
+        generating.set()
+        await may_generate.wait()
+        return await engine_generate(request)
+
+    policy.pool.generate = gated_generate  # type: ignore[method-assign]
+    call = asyncio.ensure_future(cluster.generate(call_index=1))
+    await asyncio.wait_for(generating.wait(), 5)
+    # Prepare does not wait for the generation: it answers while the call is still generating.
+    prepared = await cluster.control(Prepare(checkpoint_id="ck-2", deadline=soon()))
+    assert prepared == Prepared(checkpoint_id="ck-2", parked=1)
+    may_generate.set()  # the accepted call keeps generating, token by token, while prepared
+    correlation_id, rows = await asyncio.wait_for(cluster.rows.get(), 5)
+    assert correlation_id == "g_g0:1" and isinstance(rows, Rows)
+    assert rows.rows[0].token_ids == expected_reply()[0]  # captured before the reply, while prepared
+    assert await asyncio.wait_for(policy.at_gate.get(), 5) == ("g_g0:1", "reply")
+    assert policy.held_replies == 1 and policy.counts["replies_held"] == 1 and not call.done()
+    policy.policy_version = 2
+    record = await cluster.commit_and_resume("ck-2")
+    assert record["held"] == ["g_g0:1"] and record["policy_version"] == 2
+    reply = await asyncio.wait_for(call, 5)
+    assert isinstance(reply, Generated) and reply.call_index == 1 and reply.finish_reason == "stop"
+    assert policy.held_replies == 0 and cluster.rows.empty()  # one row per call
+
+
+async def test_retiring_an_attempt_aborts_its_generation_without_a_row(make_cluster) -> None:
+    cluster = await make_cluster(per_token_delay_s=0.01)
+    generating = asyncio.Event()
+    engine_generate = cluster.policy.pool.generate
+
+    async def observed_generate(request: GenerationRequest):
+        generating.set()
+        return await engine_generate(request)
+
+    cluster.policy.pool.generate = observed_generate  # type: ignore[method-assign]
+    call = asyncio.ensure_future(cluster.generate(call_index=0, rollout_id="g_g7"))
+    await asyncio.wait_for(generating.wait(), 5)
+    retired = await cluster.control(
+        Retire(checkpoint_id="rt-1", deadline=soon(), attempts=(AttemptRef(rollout_id="g_g7", attempt=0),))
+    )
+    assert retired == Ok(detail="retired 1")
+    reply = await asyncio.wait_for(call, 5)
+    assert isinstance(reply, Error) and reply.code is ErrorCode.STALE_ATTEMPT
+    assert cluster.rows.empty() and cluster.policy.pool.in_flight() == 0
+    late = await cluster.generate(call_index=1, rollout_id="g_g7")
+    assert isinstance(late, Error) and late.code is ErrorCode.STALE_ATTEMPT
+
+
+async def test_stop_leaves_calls_at_the_closed_gate_for_redelivery(make_cluster) -> None:
+    cluster = await make_cluster()
+    await cluster.control(Prepare(checkpoint_id="ck-3", deadline=soon()))
+    call = asyncio.ensure_future(cluster.generate(call_index=4))
+    assert (await asyncio.wait_for(cluster.policy.at_gate.get(), 5))[1] == "admission"
+    await asyncio.wait_for(cluster.policy.stop(), 5)  # does not hang on the waiting call
+    assert not call.done() and cluster.policy.counts["model_calls"] == 0
+    # The Generate is back in the policy's queue; a new policy process answers it.
+    successor = Observed(cluster.broker, secret=SECRET, engine_host="inline")
+    await successor.start()
+    try:
+        reply = await asyncio.wait_for(call, 5)
+        assert isinstance(reply, Generated) and reply.call_index == 4
+    finally:
+        await successor.stop()
