@@ -52,6 +52,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     rollouts_failed: int
     attempts_dispatched: int
     attempts_failed: int
+    rollouts_redone: int
     attempts_abandoned: int
     attempts_retired: int
     turns_generated: int
@@ -71,6 +72,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     rollouts_per_s: float
     model_calls_per_s: float
     transcripts_sha256: str
+    rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
+    tool_calls_by_resources: dict[str, int]
 
 
 def stable_int(*parts: object) -> int:
@@ -363,15 +366,24 @@ class Controller(Actor):
 
     async def _summary(self, config: RunConfig, expected: int, wall: float, trainer: Trainer) -> RunSummary:
         counts: dict[str, int] = defaultdict(int)
+        by_agent: dict[str, int] = {}
+        by_resources: dict[str, int] = {}
         for address in self.participant_addresses(config):
             reply = await self.client.request(
                 address, Status(checkpoint_id=f"sum-{time.monotonic_ns()}", deadline=time.time() + 10)
             )
-            if isinstance(reply, StatusReport):
-                for key, value in reply.counts.items():
-                    counts[f"{address.split('/')[0]}.{key}"] += value
+            if not isinstance(reply, StatusReport):
+                continue
+            for key, value in reply.counts.items():
+                counts[f"{reply.role}.{key}"] += value
+            if reply.role == "agent":
+                by_agent[address] = reply.counts.get("rollouts_completed", 0) + reply.counts.get(
+                    "rollouts_failed", 0
+                )
+            elif reply.role == "resources":
+                by_resources[address] = reply.counts.get("tool_calls", 0)
         digest = await self._transcripts_digest()
-        sealed = self.counts["rollouts_sealed"]
+        sealed = len(self._sealed_rows)  # logical rollouts whose final attempt the trainer received
         rewards = list(self._sealed_rows.values())
         return RunSummary(
             rollouts_expected=expected,
@@ -379,6 +391,7 @@ class Controller(Actor):
             rollouts_failed=self.counts["rollouts_failed"],
             attempts_dispatched=self.counts["attempts_dispatched"],
             attempts_failed=self.counts["attempts_failed"],
+            rollouts_redone=self.counts["rollouts_redone"],
             attempts_abandoned=self.counts["attempts_abandoned"],
             attempts_retired=self.counts["attempts_retired"],
             turns_generated=counts["tq.staging_rows"],
@@ -398,6 +411,8 @@ class Controller(Actor):
             rollouts_per_s=round(sealed / wall, 3) if wall else 0.0,
             model_calls_per_s=round(counts["policy.model_calls"] / wall, 3) if wall else 0.0,
             transcripts_sha256=digest,
+            rollouts_by_agent=by_agent,
+            tool_calls_by_resources=by_resources,
         )
 
     async def _transcripts_digest(self) -> str:

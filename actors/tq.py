@@ -49,6 +49,7 @@ class TransferStore:
         self.canonical: dict[str, CanonicalRow] = {}
         self.generations: collections.Counter[tuple[str, int]] = collections.Counter()
         self.duplicates = 0
+        self.regenerated = 0
 
     def add(self, row: StagingRow) -> bool:
         """Store one staging row; False for a duplicate delivery of a row already stored."""
@@ -57,7 +58,10 @@ class TransferStore:
             self.duplicates += 1
             return False
         turns[row.turn] = row
-        self.generations[(logical_id(row.capture_key), row.turn)] += 1
+        lineage = (logical_id(row.capture_key), row.turn)
+        self.generations[lineage] += 1
+        if self.generations[lineage] > 1:
+            self.regenerated += 1
         return True
 
     def seal(self, rollout_id: str, attempt: int, capture_key: str, reward: float) -> CanonicalRow:
@@ -75,7 +79,8 @@ class TransferStore:
 
     @property
     def turns_regenerated(self) -> int:
-        return sum(n - 1 for n in self.generations.values() if n > 1)
+        """Turn generations repeated for the same logical rollout and turn (work a recovery threw away)."""
+        return self.regenerated
 
     def save(self, directory: Path) -> tuple[FileDigest, ...]:
         staging = [row for key in sorted(self.staging) for _, row in sorted(self.staging[key].items())]
@@ -101,6 +106,7 @@ class TransferStore:
             store.staging.setdefault(row.capture_key, {})[row.turn] = row
         store.canonical = {r.rollout_id: r for r in canonical}
         store.generations = collections.Counter({(k, t): n for k, t, n in lineage})
+        store.regenerated = sum(n - 1 for n in store.generations.values() if n > 1)
         return store
 
     def digest(self) -> str:
@@ -125,6 +131,7 @@ class TransferQueue(Participant):
         for row in message.rows:
             if self.store.add(row):
                 self.counts["staging_rows"] += 1
+                self.counts["turns_regenerated"] = self.store.turns_regenerated
             else:
                 self.counts["staging_duplicates"] += 1
 
@@ -137,11 +144,6 @@ class TransferQueue(Participant):
         rows = tuple(self.store.canonical[r] for r in message.rollout_ids if r in self.store.canonical)
         missing = tuple(r for r in message.rollout_ids if r not in self.store.canonical)
         return CanonicalRows(rows=rows, missing=missing)
-
-    def status_extras(self) -> dict[str, object]:
-        extras = super().status_extras()
-        self.counts["turns_regenerated"] = self.store.turns_regenerated
-        return extras
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         return self.store.save(directory)

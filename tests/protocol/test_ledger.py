@@ -1,0 +1,149 @@
+"""The recovery ledger with plain objects: transition tables, identities, failures by granularity."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from parkway.protocol.ledger import (
+    ATTEMPT_TRANSITIONS,
+    GROUP_TRANSITIONS,
+    Attempt,
+    AttemptEvent,
+    AttemptState,
+    Granularity,
+    Group,
+    GroupEvent,
+    GroupState,
+    Ledger,
+    LedgerError,
+    SealOutcome,
+)
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(AttemptState, AttemptEvent)))
+def test_every_attempt_state_event_pair(state: AttemptState, event: AttemptEvent) -> None:
+    attempt = Attempt(0, "g_g0", state=state)
+    expected = ATTEMPT_TRANSITIONS.get((state, event))
+    if expected is None:
+        with pytest.raises(LedgerError, match=f"{event.value} is illegal in state {state.value}"):
+            attempt.move(event)
+        assert attempt.state is state
+    else:
+        attempt.move(event)
+        assert attempt.state is expected
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(GroupState, GroupEvent)))
+def test_every_group_state_event_pair(state: GroupState, event: GroupEvent) -> None:
+    group = Group("g", 0, Granularity.SIBLING, [], state=state)
+    expected = GROUP_TRANSITIONS.get((state, event))
+    if expected is None:
+        with pytest.raises(LedgerError):
+            group.move(event)
+    else:
+        group.move(event)
+        assert group.state is expected
+
+
+def dispatch_all(ledger: Ledger) -> None:
+    for sibling in ledger.reserved():
+        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=0)
+
+
+def test_ids_attempts_and_capture_keys() -> None:
+    ledger = Ledger()
+    group = ledger.add_group("t0007", 7, 3, Granularity.SIBLING)
+    assert [s.rollout_id for s in group.siblings] == ["t0007_g0", "t0007_g1", "t0007_g2"]
+    assert [s.current.capture_key for s in group.siblings] == ["t0007_g0", "t0007_g1", "t0007_g2"]
+    dispatch_all(ledger)
+    ledger.fail("t0007_g1", 0, code="injected")
+    assert ledger.sibling("t0007_g1").current.capture_key == "t0007_g1-a1"
+    with pytest.raises(LedgerError):
+        ledger.add_group("t0007", 7, 3, Granularity.SIBLING)
+
+
+def test_a_reserved_attempt_behind_the_gate_is_not_in_flight() -> None:
+    ledger = Ledger()
+    ledger.add_group("g", 0, 3, Granularity.SIBLING)
+    assert ledger.in_flight() == 0 and len(ledger.reserved()) == 3
+    ledger.dispatch("g_g0", 0, replica=1)
+    assert ledger.in_flight() == 1 and len(ledger.reserved()) == 2
+
+
+def test_sealing_settles_the_group_and_repeats_are_harmless() -> None:
+    ledger = Ledger()
+    ledger.add_group("g", 0, 2, Granularity.SIBLING)
+    dispatch_all(ledger)
+    assert ledger.seal("g_g0", 0, reward=1.0, turns=3) is SealOutcome.SEALED
+    assert ledger.seal("g_g0", 0, reward=1.0, turns=3) is SealOutcome.DUPLICATE
+    assert ledger.ready_groups() == []
+    assert ledger.seal("g_g1", 0, reward=0.5, turns=4) is SealOutcome.SEALED
+    assert [g.group_id for g in ledger.ready_groups()] == ["g"]
+    ledger.finalize("g")
+    ledger.remove("g")
+    assert not ledger.knows("g_g0") and ledger.groups == {}
+
+
+def test_under_sibling_only_the_failed_sibling_is_redone() -> None:
+    ledger = Ledger(max_attempts=3)
+    ledger.add_group("g", 0, 3, Granularity.SIBLING)
+    dispatch_all(ledger)
+    ledger.seal("g_g0", 0, reward=1.0, turns=5)
+    plan = ledger.fail("g_g1", 0, code="injected", turns=2)
+    assert plan.redo == ("g_g1",) and plan.retire == () and plan.given_up == ()
+    assert [s.rollout_id for s in ledger.reserved()] == ["g_g1"]
+    assert ledger.sibling("g_g0").current.state is AttemptState.SEALED  # kept
+    assert ledger.sibling("g_g2").current.state is AttemptState.DISPATCHED  # untouched
+
+
+def test_under_prompt_group_the_whole_group_is_redone_and_running_siblings_retired() -> None:
+    ledger = Ledger(max_attempts=3)
+    ledger.add_group("g", 0, 3, Granularity.PROMPT_GROUP)
+    for i in range(3):
+        ledger.dispatch(f"g_g{i}", 0, replica=i)
+    ledger.seal("g_g0", 0, reward=1.0, turns=5)
+    plan = ledger.fail("g_g1", 0, code="injected")
+    assert plan.redo == ("g_g0", "g_g1", "g_g2")
+    assert plan.retire == (("g_g2", 0, 2),)  # only the one still running needs stopping
+    assert [a.state for a in ledger.sibling("g_g0").attempts] == [
+        AttemptState.ABANDONED,
+        AttemptState.RESERVED,
+    ]
+    assert ledger.sibling("g_g1").attempts[0].state is AttemptState.FAILED
+    ledger.retired("g_g2", 0)
+    assert ledger.sibling("g_g2").attempts[0].state is AttemptState.RETIRED
+    # The abandoned attempt's late receipt is stale, not a seal.
+    assert ledger.seal("g_g2", 0, reward=1.0, turns=5) is SealOutcome.STALE
+
+
+def test_a_sibling_that_keeps_failing_is_given_up_as_a_typed_failure() -> None:
+    ledger = Ledger(max_attempts=2)
+    ledger.add_group("g", 0, 2, Granularity.SIBLING)
+    dispatch_all(ledger)
+    ledger.seal("g_g0", 0, reward=1.0, turns=5)
+    assert ledger.fail("g_g1", 0, code="garbage").redo == ("g_g1",)
+    dispatch_all(ledger)
+    plan = ledger.fail("g_g1", 1, code="garbage")
+    assert plan.given_up == ("g_g1",) and plan.redo == ()
+    [group] = ledger.ready_groups()  # one failed sibling does not block its group's results
+    assert [s.given_up for s in group.siblings] == [False, True]
+
+
+def test_stale_failure_reports_change_nothing() -> None:
+    ledger = Ledger()
+    ledger.add_group("g", 0, 1, Granularity.SIBLING)
+    dispatch_all(ledger)
+    ledger.fail("g_g0", 0, code="x")
+    assert ledger.fail("g_g0", 0, code="x").stale  # the same failure reported twice
+    dispatch_all(ledger)
+    assert ledger.in_flight() == 1
+
+
+def test_dispatching_a_replaced_attempt_is_a_bug() -> None:
+    ledger = Ledger()
+    ledger.add_group("g", 0, 1, Granularity.SIBLING)
+    dispatch_all(ledger)
+    ledger.fail("g_g0", 0, code="x")
+    with pytest.raises(LedgerError, match="not current"):
+        ledger.dispatch("g_g0", 0, replica=0)
