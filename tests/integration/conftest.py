@@ -19,10 +19,12 @@ async def spawn(
     """Start actor processes for this test's run; every one is killed and the run deleted afterwards."""
     started: list[ActorProcess] = []
 
-    def start(role: str, replica: int = 0, **env: str) -> ActorProcess:
-        actor = ActorProcess(role, replica, amqp_url, run_name, tmp_path / "state", extra_env=env).start()
+    def start(role: str, replica: int = 0, args: tuple[str, ...] = (), **env: str) -> ActorProcess:
+        actor = ActorProcess(
+            role, replica, amqp_url, run_name, tmp_path / "state", extra_env=env, extra_args=args
+        ).start()
         started.append(actor)
-        rabbit_cleanup(run_name, sorted({a.address for a in started}))
+        rabbit_cleanup(run_name, sorted({a.address for a in started} | {"controller/0"}))
         return actor
 
     yield start

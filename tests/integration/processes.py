@@ -32,6 +32,7 @@ class ActorProcess:
     run: str
     state_root: Path
     extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 

@@ -1,0 +1,77 @@
+"""``parkway run`` as a user runs it: embedded, JSON summary, exit codes, config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parkway(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "parkway.actors.cli", *args],
+        env={**base, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_run_prints_one_json_summary(tmp_path: Path) -> None:
+    result = parkway("run", "--config", str(ROOT / "examples" / "live-failures.yaml"), "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    for key in (
+        "rollouts_expected",
+        "rollouts_sealed",
+        "rollouts_failed",
+        "turns_generated",
+        "model_calls",
+        "tool_calls",
+        "tool_mutations_applied",
+        "train_steps",
+        "wall_s",
+    ):
+        assert key in summary, key
+    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 12
+    assert (summary["attempts_failed"], summary["rollouts_redone"]) == (1, 1)
+
+
+def test_environment_overrides_reach_the_run(tmp_path: Path) -> None:
+    result = parkway(
+        "run",
+        "--config",
+        str(ROOT / "examples" / "live-failures.yaml"),
+        "--json",
+        cwd=tmp_path,
+        PARKWAY_CFG__RECOVERY__DEFAULT_GRANULARITY="prompt_group",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rollouts_redone"] == 3
+
+
+def test_a_run_with_failed_rollouts_exits_1(tmp_path: Path) -> None:
+    result = parkway(
+        "run",
+        "--json",
+        cwd=tmp_path,
+        PARKWAY_CFG__POLICY__HOST="inline",
+        PARKWAY_CFG__ROLLOUT__MAX_TOKENS="20",
+        PARKWAY_CFG__ROLLOUT__MAX_ATTEMPTS="1",
+        PARKWAY_CFG__TASKS__LIMIT="1",
+    )
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["rollouts_failed"] == 3
+
+
+def test_a_bad_config_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout:\n  max_turnz: 3\n")
+    result = parkway("run", "--config", str(bad), cwd=tmp_path)
+    assert result.returncode == 2 and "rollout.max_turnz: unknown key" in result.stderr
