@@ -224,8 +224,8 @@ class Controller(Actor):
         for index, _ in enumerate(tasks):
             self.ledger.add_group(f"t{index:04d}", index, config.rollout.group_size, granularity)
         expected = len(tasks) * config.rollout.group_size
-        started = time.monotonic()
         await self.wait_for_cluster(config)
+        started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
         acker = asyncio.get_running_loop().create_task(self._ack_loop())
         try:
             while self.ledger.groups:

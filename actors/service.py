@@ -68,6 +68,9 @@ async def serve(
     try:
         for actor in actors:
             await actor.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            # Again: starting Ray (the policy's engines) installs its own SIGTERM handler over ours.
+            loop.add_signal_handler(sig, stop.set)
         if on_started is not None:
             await on_started()
         with contextlib.suppress(TimeoutError):

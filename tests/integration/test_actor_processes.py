@@ -91,3 +91,12 @@ async def test_sigterm_finishes_the_handler_in_progress_and_exits_cleanly(spawn,
     second = spawn("controller")
     answered = await later
     assert isinstance(answered, ProbeResult) and answered.pid == second.pid
+
+
+async def test_sigterm_stops_a_policy_whose_engines_run_in_ray(spawn, client) -> None:
+    # Ray installs its own SIGTERM handler when it starts; the service must still stop cleanly.
+    policy = spawn("policy")
+    await wait_ready(client, policy, timeout=60)
+    policy.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(policy.wait, 60) == 0
+    assert "actor_stopped" in policy.log_text()
