@@ -61,6 +61,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     tool_calls: int
     tool_mutations_applied: int
     tool_duplicates_absorbed: int
+    sessions_leaked: int  # tool sessions opened and never retired (must be 0 at the end of a run)
     receipts_duplicate: int
     receipts_stale: int
     acks_sent: int
@@ -400,6 +401,7 @@ class Controller(Actor):
             tool_calls=counts["resources.tool_calls"],
             tool_mutations_applied=counts["resources.tool_mutations_applied"],
             tool_duplicates_absorbed=counts["resources.tool_duplicates"],
+            sessions_leaked=counts["resources.sessions_opened"] - counts["resources.sessions_retired"],
             receipts_duplicate=self.counts["receipts_duplicate"],
             receipts_stale=self.counts["receipts_stale"],
             acks_sent=self.counts["acks_sent"],

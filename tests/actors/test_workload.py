@@ -29,6 +29,7 @@ async def test_every_rollout_is_sealed_and_trained(tmp_path: Path) -> None:
     assert summary.attempts_dispatched == 18 and summary.rollouts_failed == 0
     assert summary.model_calls == summary.turns_generated == 18 * 5  # every turn captured in TQ
     assert summary.tool_mutations_applied > 0 and summary.mean_reward == 1.0  # every session verified
+    assert summary.sessions_leaked == 0
     assert summary.train_steps == 3 and summary.policy_version == 3  # 6 groups in batches of 2
     assert summary.acks_sent == 18 and summary.ack_batches < 18  # receipts acknowledged in batches
     # Two agent replicas and two resources replicas share the work.
@@ -62,6 +63,7 @@ async def test_a_live_failure_under_prompt_group_redoes_the_whole_group(tmp_path
     )
     assert summary.rollouts_sealed == 18 and summary.rollouts_failed == 0
     assert (summary.attempts_failed, summary.rollouts_redone, summary.attempts_dispatched) == (1, 3, 21)
+    assert summary.sessions_leaked == 0  # the retired siblings' sessions were released too
 
 
 async def test_a_sibling_that_keeps_failing_is_a_typed_failure_not_a_sample(tmp_path: Path) -> None:
@@ -77,6 +79,7 @@ async def test_garbage_from_the_model_fails_the_attempt_not_the_agent(tmp_path: 
     summary = await run(tmp_path, rollout={"max_tokens": 20, "max_attempts": 1}, tasks={"limit": 2})
     assert summary.rollouts_failed == 6 and summary.rollouts_sealed == 0
     assert summary.attempts_failed == 6
+    assert summary.sessions_leaked == 0  # sessions of failed attempts are released, not leaked
 
 
 @pytest.mark.parametrize("agent", ["tool", "counter"])
