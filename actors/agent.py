@@ -5,6 +5,12 @@ longer than a broker should hold a message). The attempt runs an ``AgentProgram`
 through a ``RolloutContext``; its end is a receipt for the controller, ``Completed`` or ``Failed``,
 kept and re-sent until the controller acknowledges it (``Ack``, idempotent). ``Retire`` stops
 attempts the controller gave up on and releases their tool sessions.
+
+Checkpoints. A rollout is parked when it waits at a boundary (before a model call, after a tool round)
+or waits for a model reply issued right after one. Prepare holds every rollout at its next boundary
+and answers once all are parked; a tool call in flight is waited for. Commit saves each rollout's
+transcript up to its boundary (``transcript.py``); Restore loads them, and the controller's ``Run``
+for attempt N+1 continues each from there by replaying the saved calls.
 """
 
 from __future__ import annotations
@@ -12,24 +18,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
-from parkway.actors.participant import Participant
+from parkway.actors.participant import ParkReport, Participant, write_records
 from parkway.actors.programs import PROGRAMS
 from parkway.actors.rollout import RolloutContext, RolloutFailure, ToolOutcome
+from parkway.actors.transcript import ModelStep, SavedRollout, ToolStep, prompt_digest
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import capture_key
 from parkway.protocol.messages import (
     Ack,
+    AttemptRef,
+    Commit,
     Completed,
+    EpisodeRef,
     Error,
     Failed,
+    FileDigest,
     Generate,
     Generated,
     Message,
     Ok,
+    Restore,
     Retire,
     Run,
     ToolCall,
@@ -40,6 +55,30 @@ log = structlog.get_logger("parkway.agent")
 
 AttemptKey = tuple[str, int]
 CALL_TIMEOUT_S = 600.0  # a model or tool call that takes longer is a failure of the attempt
+
+RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
+PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL})
+
+
+@dataclass
+class LiveRollout:
+    """One attempt in progress: where it is, and its transcript (all of it, and up to its boundary)."""
+
+    run: Run
+    state: str = RUNNING
+    model: list[ModelStep] = field(default_factory=list)
+    tools: list[ToolStep] = field(default_factory=list)
+    mark: tuple[int, int, int] = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
+    replay: SavedRollout | None = None
+
+    def saved(self) -> SavedRollout:
+        models, tools, boundaries = self.mark
+        return SavedRollout(
+            run=self.run,
+            model=tuple(self.model[:models]),
+            tools=tuple(self.tools[:tools]),
+            boundaries=boundaries,
+        )
 
 
 class Agent(Participant):
@@ -59,8 +98,13 @@ class Agent(Participant):
         self.controller_address = controller_address
         self.resend_after_s = resend_after_s
         self.running: dict[AttemptKey, asyncio.Task[None]] = {}
+        self.live: dict[AttemptKey, LiveRollout] = {}
         self.latest_attempt: dict[str, int] = {}
         self.unacked: dict[AttemptKey, tuple[Completed | Failed, float]] = {}
+        self.continuations: dict[str, SavedRollout] = {}  # restored, waiting for their Run
+        self._released = asyncio.Event()  # set while no checkpoint holds the rollouts
+        self._released.set()
+        self._park_changed = asyncio.Event()
         self._resender: asyncio.Task[None] | None = None
         self.handlers.update({Run: self.on_run, Ack: self.on_ack})
 
@@ -96,9 +140,19 @@ class Agent(Participant):
             )
             return
         self.latest_attempt[run.rollout_id] = run.attempt
-        task = asyncio.get_running_loop().create_task(self._drive(run))
+        live = LiveRollout(run)
+        if "continue_from" in run.task:
+            live.replay = self.continuations.pop(run.rollout_id, None)
+        self.live[key] = live
+        task = asyncio.get_running_loop().create_task(self._drive(live))
         self.running[key] = task
-        task.add_done_callback(lambda _: self.running.pop(key, None))
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self.running.pop(key, None)
+            self.live.pop(key, None)
+            self._park_changed.set()
+
+        task.add_done_callback(finished)
 
     async def on_ack(self, ack: Ack) -> None:
         for ref in ack.receipts:
@@ -117,10 +171,51 @@ class Agent(Participant):
         await super().on_retire(command)
         return Ok(detail=f"stopped {stopped} of {len(command.attempts)}")
 
+    # -- checkpoint hooks ------------------------------------------------------------------------
+    async def close_admission(self) -> None:
+        self._released.clear()
+
+    async def wait_until_parked(self) -> ParkReport:
+        """Event driven: re-checked whenever a rollout changes state, never polled."""
+        while True:
+            self._park_changed.clear()
+            if all(live.state in PARKED_STATES for live in self.live.values()):
+                return ParkReport(parked=len(self.live), boundaries_passed=self.counts["boundaries"])
+            await self._park_changed.wait()
+
+    async def release(self) -> None:
+        self._released.set()
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        saved = [live.saved() for _, live in sorted(self.live.items())]
+        return (write_records(directory / "rollouts.msgpack", saved),)
+
+    def saved_episodes(self) -> tuple[EpisodeRef, ...]:
+        return tuple(EpisodeRef(rollout_id=r, attempt=a, replica=self.replica) for r, a in sorted(self.live))
+
+    async def on_commit(self, command: Commit) -> Message:
+        reply = await super().on_commit(command)
+        # What this agent saved, exactly: the controller checks it against its ledger.
+        return msgspec.structs.replace(reply, episodes=self.saved_episodes())  # type: ignore[type-var]
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        saved = msgspec.msgpack.decode((directory / "rollouts.msgpack").read_bytes(), type=list[SavedRollout])
+        continuing = {e.rollout_id: e.attempt for e in command.episodes if e.replica == self.replica}
+        restored = []
+        for item in saved:
+            attempt = continuing.get(item.run.rollout_id)
+            if attempt is None:
+                continue
+            self.continuations[item.run.rollout_id] = item
+            self.latest_attempt[item.run.rollout_id] = attempt - 1  # attempt N+1 may start; N is fenced
+            restored.append(AttemptRef(rollout_id=item.run.rollout_id, attempt=attempt))
+        return tuple(restored)
+
     # -- one attempt ---------------------------------------------------------------------------
-    async def _drive(self, run: Run) -> None:
+    async def _drive(self, live: LiveRollout) -> None:
         from parkway.actors.environments import ENVIRONMENTS  # the resources' tool catalogue
 
+        run = live.run
         key = (run.rollout_id, run.attempt)
         ck = capture_key(run.rollout_id, run.attempt)
         resources = f"resources/{run.task.get('resources', self.replica)}"
@@ -130,9 +225,9 @@ class Agent(Participant):
             ctx = RolloutContext(
                 run=run,
                 tools=env.tools if env is not None else (),
-                _generate=lambda index, tokens: self._generate(run, ck, index, tokens),
-                _call_tool=lambda index, tool, args: self._call_tool(run, ck, resources, index, tool, args),
-                _boundary=self._at_boundary,
+                _generate=lambda index, tokens: self._generate(live, ck, index, tokens),
+                _call_tool=lambda index, tool, args: self._call_tool(live, ck, resources, index, tool, args),
+                _boundary=lambda: self._at_boundary(live),
             )
             receipt: Completed | Failed
             try:
@@ -140,6 +235,8 @@ class Agent(Participant):
                     raise RolloutFailure("unknown_env", f"no environment {run.env!r}")
                 if program_cls is None:
                     raise RolloutFailure("unknown_agent", f"no agent program {run.task.get('agent')!r}")
+                if "continue_from" in run.task and live.replay is None:
+                    raise RolloutFailure("no_continuation", "this replica restored no transcript for it")
                 reward = await program_cls().run(ctx)
                 receipt = Completed(
                     rollout_id=run.rollout_id,
@@ -147,7 +244,7 @@ class Agent(Participant):
                     capture_key=ck,
                     reward=reward,
                     turns=ctx.turns,
-                    staging_keys=tuple(f"{ck}:{i}" for i in range(ctx.model_calls)),
+                    staging_keys=tuple(step.staging_key for step in live.model),
                 )
                 self.counts["rollouts_completed"] += 1
             except asyncio.CancelledError:
@@ -171,10 +268,37 @@ class Agent(Participant):
             rollout_id=run.rollout_id, attempt=run.attempt, code=code, detail=detail, turns=ctx.turns
         )
 
-    async def _at_boundary(self) -> None:
-        self.counts["boundaries"] += 1
+    def _set_state(self, live: LiveRollout, state: str) -> None:
+        live.state = state
+        self._park_changed.set()
 
-    async def _generate(self, run: Run, ck: str, index: int, tokens: tuple[int, ...]) -> Generated:
+    async def _at_boundary(self, live: LiveRollout) -> None:
+        self.counts["boundaries"] += 1
+        live.mark = (len(live.model), len(live.tools), live.mark[2] + 1)
+        if not self._released.is_set():
+            self._set_state(live, AT_BOUNDARY)
+            await self._released.wait()
+        self._set_state(live, RUNNING)
+
+    async def _generate(self, live: LiveRollout, ck: str, index: int, tokens: tuple[int, ...]) -> Generated:
+        run = live.run
+        digest = prompt_digest(tokens)
+        if live.replay is not None and index < len(live.replay.model):
+            step = live.replay.model[index]
+            if step.prompt_sha256 != digest:
+                raise RolloutFailure(
+                    "replay_diverged", f"model call {index} has another prompt than the saved one"
+                )
+            live.model.append(step)
+            self.counts["model_calls_replayed"] += 1
+            return Generated(
+                rollout_id=run.rollout_id,
+                attempt=run.attempt,
+                call_index=index,
+                token_ids=step.token_ids,
+                logprobs=step.logprobs,
+                finish_reason=step.finish_reason,
+            )
         request = Generate(
             rollout_id=run.rollout_id,
             attempt=run.attempt,
@@ -184,14 +308,35 @@ class Agent(Participant):
             max_tokens=int(run.task.get("max_tokens", 160)),  # type: ignore[arg-type]
             policy_version=run.policy_version,
         )
+        self._set_state(live, AWAITING_MODEL)  # parked at the boundary just passed
         reply = await self._request(self.policy_address, request, f"{ck}:{index}")
+        if not self._released.is_set():
+            await self._released.wait()  # a reply that arrives mid-checkpoint waits; the snapshot excludes it
         if not isinstance(reply, Generated):
             raise RolloutFailure("policy_error", f"unexpected reply {type(reply).__name__}")
+        live.model.append(
+            ModelStep(
+                prompt_sha256=digest,
+                token_ids=reply.token_ids,
+                logprobs=reply.logprobs,
+                finish_reason=reply.finish_reason,
+                staging_key=f"{ck}:{index}",
+            )
+        )
+        self._set_state(live, RUNNING)
         return reply
 
     async def _call_tool(
-        self, run: Run, ck: str, resources: str, index: int, tool: str, arguments: dict[str, object]
+        self, live: LiveRollout, ck: str, resources: str, index: int, tool: str, arguments: dict[str, object]
     ) -> ToolOutcome:
+        run = live.run
+        if live.replay is not None and index < len(live.replay.tools):
+            step = live.replay.tools[index]
+            if (step.tool, step.arguments) != (tool, arguments):
+                raise RolloutFailure("replay_diverged", f"tool call {index} differs from the saved one")
+            live.tools.append(step)
+            self.counts["tool_calls_replayed"] += 1
+            return ToolOutcome(step.ok, dict(step.output))
         call = ToolCall(
             rollout_id=run.rollout_id,
             attempt=run.attempt,
@@ -201,9 +346,14 @@ class Agent(Participant):
             arguments=arguments,
             seed=run.seed,
         )
-        reply = await self._request(resources, call, f"{ck}:t{index}")
+        self._set_state(live, IN_TOOL)
+        try:
+            reply = await self._request(resources, call, f"{ck}:t{index}")
+        finally:
+            self._set_state(live, RUNNING)
         if not isinstance(reply, ToolResult):
             raise RolloutFailure("resources_error", f"unexpected reply {type(reply).__name__}")
+        live.tools.append(ToolStep(tool=tool, arguments=arguments, ok=reply.ok, output=dict(reply.output)))
         return ToolOutcome(reply.ok, dict(reply.output))
 
     async def _request(self, address: str, message: Message, correlation_id: str) -> Message:

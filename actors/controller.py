@@ -158,6 +158,7 @@ class Controller(Actor):
             attempt=receipt.attempt,
             capture_key=receipt.capture_key,
             reward=receipt.reward,
+            staging_keys=receipt.staging_keys,
         )
         for delay in (0.0, 0.05, 0.2, 0.5, 1.0, 2.0):  # staging rows may still be on their way to TQ
             await asyncio.sleep(delay)

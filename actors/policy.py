@@ -33,11 +33,13 @@ from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.ids import capture_key
 from parkway.protocol.messages import (
+    AttemptRef,
     Commit,
     FileDigest,
     Generate,
     Generated,
     Message,
+    Restore,
     Retire,
     Rows,
     StagingRow,
@@ -194,6 +196,11 @@ class Policy(Participant):
             "held": sorted(self._held),
         }
         return (write_records(directory / "participant.msgpack", [record]),)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
+        self.policy_version = int(record["policy_version"])
+        return ()
 
     async def release(self) -> None:
         self._admission.set()

@@ -17,14 +17,25 @@ Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import structlog
 from parkway.actors.environments import ENVIRONMENTS, Environment, Record, ToolError
-from parkway.actors.participant import Participant
+from parkway.actors.participant import ParkReport, Participant, write_records
 from parkway.protocol.errors import ErrorCode, ProtocolError
-from parkway.protocol.messages import Forget, Message, Retire, ToolCall, ToolResult
+from parkway.protocol.messages import (
+    AttemptRef,
+    Commit,
+    FileDigest,
+    Forget,
+    Message,
+    Restore,
+    Retire,
+    ToolCall,
+    ToolResult,
+)
 
 log = structlog.get_logger("parkway.resources")
 
@@ -191,6 +202,41 @@ class Resources(Participant):
             revision=session.revision,
         )
 
+    # -- checkpoints -----------------------------------------------------------------------------
+    async def wait_until_parked(self) -> ParkReport:
+        """Tool calls are short and handled in one step; a restart-only server reports its sessions
+        as restarts instead of making the snapshot wait (they restart from the prompt after a crash)."""
+        if self.mode == "restart_only":
+            live = tuple(
+                AttemptRef(rollout_id=r, attempt=s.attempt)
+                for r, s in sorted(self.sessions.items())
+                if not s.retired
+            )
+            return ParkReport(restarts=live)
+        return ParkReport(parked=sum(1 for s in self.sessions.values() if not s.retired))
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        saved = [] if self.mode == "restart_only" else _saved_sessions(self)
+        return (write_records(directory / "sessions.msgpack", saved),)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        """Reopen each saved session under its continuing attempt (the one in the restore's scope)."""
+        saved = msgspec.msgpack.decode((directory / "sessions.msgpack").read_bytes(), type=list[SavedSession])
+        continuing = {e.rollout_id: e.attempt for e in command.episodes}
+        restored = []
+        self.sessions.clear()
+        for item in saved:
+            attempt = continuing.get(item.rollout_id)
+            if attempt is None:
+                continue  # not continued (finished, or restarted from the prompt): nothing to reopen
+            env_class = ENVIRONMENTS[item.env_name]
+            env = Environment.restore(item.env) if item.env is not None else env_class(item.seed)
+            self.sessions[item.rollout_id] = Session(attempt=attempt, env=env, revision=item.revision)
+            self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
+            self.counts["sessions_opened"] += 1
+            restored.append(AttemptRef(rollout_id=item.rollout_id, attempt=attempt))
+        return tuple(restored)
+
     # -- the controller's retire and forget ----------------------------------------------------
     async def on_retire(self, command: Retire) -> Message:
         """Retiring an attempt also ends its session here: no score, and later calls are refused."""
@@ -209,6 +255,36 @@ class Resources(Participant):
             if session is not None and session.attempt == ref.attempt and session.retired:
                 del self.sessions[ref.rollout_id]
         return reply
+
+
+class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A session as a snapshot keeps it: its environment's state at the agents' boundaries."""
+
+    rollout_id: str
+    attempt: int
+    revision: int
+    env: dict[str, Any] | None  # None in stateless mode: the session reopens from its seed
+    env_name: str
+    seed: int
+
+
+def _saved_sessions(resources: Resources) -> list[SavedSession]:
+    saved = []
+    for rollout_id, session in sorted(resources.sessions.items()):
+        if session.retired:
+            continue
+        exported = session.env.export() if resources.mode == "exported" else None
+        saved.append(
+            SavedSession(
+                rollout_id=rollout_id,
+                attempt=session.attempt,
+                revision=session.revision,
+                env=exported,
+                env_name=session.env.name,
+                seed=session.env.seed,
+            )
+        )
+    return saved
 
 
 def parse_record(arguments: dict[str, Any]) -> Record:

@@ -64,11 +64,21 @@ class TransferStore:
             self.regenerated += 1
         return True
 
-    def seal(self, rollout_id: str, attempt: int, capture_key: str, reward: float) -> CanonicalRow:
+    def seal(
+        self,
+        rollout_id: str,
+        attempt: int,
+        capture_key: str,
+        reward: float,
+        staging_keys: tuple[str, ...] = (),
+    ) -> CanonicalRow:
         existing = self.canonical.get(rollout_id)
         if existing is not None and existing.capture_key == capture_key:
             return existing  # sealing twice is a no-op
-        turns = tuple(row for _, row in sorted(self.staging.get(capture_key, {}).items()))
+        if staging_keys:
+            turns = tuple(self._row(key) for key in staging_keys)
+        else:
+            turns = tuple(row for _, row in sorted(self.staging.get(capture_key, {}).items()))
         if not turns:
             raise ProtocolError(ErrorCode.UNAVAILABLE, f"no staging rows for {capture_key} yet")
         row = CanonicalRow(
@@ -76,6 +86,17 @@ class TransferStore:
         )
         self.canonical[rollout_id] = row
         return row
+
+    def _row(self, staging_key: str) -> StagingRow:
+        key, _, turn = staging_key.rpartition(":")
+        row = self.staging.get(key, {}).get(int(turn)) if turn.isdigit() else None
+        if row is None:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"no staging row {staging_key} yet")
+        return row
+
+    def has(self, staging_key: str) -> bool:
+        key, _, turn = staging_key.rpartition(":")
+        return turn.isdigit() and int(turn) in self.staging.get(key, {})
 
     @property
     def turns_regenerated(self) -> int:
@@ -136,7 +157,9 @@ class TransferQueue(Participant):
                 self.counts["staging_duplicates"] += 1
 
     async def on_seal_rows(self, message: SealRows) -> Message:
-        row = self.store.seal(message.rollout_id, message.attempt, message.capture_key, message.reward)
+        row = self.store.seal(
+            message.rollout_id, message.attempt, message.capture_key, message.reward, message.staging_keys
+        )
         self.counts["canonical_rows"] = len(self.store.canonical)
         return Ok(detail=f"{len(row.turns)} turns")
 

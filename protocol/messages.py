@@ -321,6 +321,8 @@ class SealRows(Message, frozen=True, kw_only=True):
     attempt: int
     capture_key: str
     reward: float
+    # "<capture key>:<turn>" per turn; a continued attempt's first turns come from the attempt before.
+    staging_keys: tuple[str, ...] = ()
 
 
 class CanonicalRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
