@@ -10,27 +10,29 @@ granularity, acknowledges receipts in batches, and hands settled groups to the t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import structlog
 from parkway.actors.config import RunConfig, parse_fault
 from parkway.actors.runtime import Actor
+from parkway.actors.snapshots import SnapshotCoordinator, SnapshotMetrics
 from parkway.actors.tasks import Task
 from parkway.actors.trainer import ExampleTrainer, GroupResult, Trainer
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import actor_address, capture_key
-from parkway.protocol.ledger import Granularity, Ledger, SealOutcome
+from parkway.protocol.ledger import AttemptState, Granularity, Ledger, SealOutcome
 from parkway.protocol.messages import (
     Ack,
     AttemptRef,
     CanonicalRows,
     Completed,
+    EpisodeRef,
     Error,
     Failed,
     FetchRows,
@@ -40,10 +42,15 @@ from parkway.protocol.messages import (
     Status,
     StatusReport,
 )
+from parkway.protocol.snapshot import SnapshotFailure
 
 log = structlog.get_logger("parkway.controller")
 
 ACK_FLUSH_S = 0.01
+
+
+class SimulatedCrash(Exception):
+    """A test's stand-in for a cluster dying at an exact moment (real crash tests use SIGKILL)."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -73,6 +80,12 @@ class RunSummary(msgspec.Struct, kw_only=True):
     rollouts_per_s: float
     model_calls_per_s: float
     transcripts_sha256: str
+    snapshots_published: int
+    snapshots_failed: int
+    snapshots_skipped: int
+    pause_ms: dict[str, float]  # admission-closed window per snapshot: p50, p95, max
+    restores: int
+    rollouts_restored: int
     rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
     tool_calls_by_resources: dict[str, int]
 
@@ -100,6 +113,8 @@ class Controller(Actor):
         self._faults: dict[tuple[str, int], int] = {}
         self._tasks: list[Task] = []
         self._sealed_rows: dict[str, float] = {}
+        self._trainer: Trainer | None = None
+        self.snapshots: SnapshotCoordinator | None = None
 
     # -- receipts ------------------------------------------------------------------------------
     async def on_completed(self, receipt: Completed) -> None:
@@ -215,35 +230,144 @@ class Controller(Actor):
 
     # -- the workload --------------------------------------------------------------------------
     async def run_workload(
-        self, config: RunConfig, tasks: list[Task], trainer: Trainer | None = None
+        self,
+        config: RunConfig,
+        tasks: list[Task],
+        trainer: Trainer | None = None,
+        *,
+        snapshot_root: Path | None = None,
+        stop_after_snapshots: int | None = None,
     ) -> RunSummary:
-        """Run every task's group to completion and return the summary."""
-        trainer = trainer or ExampleTrainer()
+        """Run every task's group to completion and return the summary.
+
+        With a ``snapshot_root`` the run takes a snapshot every ``snapshot_interval_s`` and, when the
+        run's directory holds one, starts by restoring the newest that verifies. ``stop_after_snapshots``
+        is for tests: the run stops dead (``SimulatedCrash``) right after that many publications, before
+        resuming, like a cluster killed at that moment.
+        """
+        self._trainer = trainer = trainer or ExampleTrainer()
         self._config, self._tasks = config, tasks
         self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
-        self.ledger = Ledger(max_attempts=config.rollout.max_attempts)
-        granularity = Granularity(config.recovery.default_granularity)
-        for index, _ in enumerate(tasks):
-            self.ledger.add_group(f"t{index:04d}", index, config.rollout.group_size, granularity)
         expected = len(tasks) * config.rollout.group_size
         await self.wait_for_cluster(config)
+        self.snapshots = (
+            SnapshotCoordinator(self, config, snapshot_root) if snapshot_root is not None else None
+        )
+        restored = self.snapshots is not None and await self.snapshots.restore_if_any()
+        if not restored:
+            self.ledger = Ledger(max_attempts=config.rollout.max_attempts)
+            granularity = Granularity(config.recovery.default_granularity)
+            for index, _ in enumerate(tasks):
+                self.ledger.add_group(f"t{index:04d}", index, config.rollout.group_size, granularity)
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
-        acker = asyncio.get_running_loop().create_task(self._ack_loop())
+        loop = asyncio.get_running_loop()
+        background = [loop.create_task(self._ack_loop())]
+        crash: asyncio.Future[None] = loop.create_future()
+        if self.snapshots is not None:
+            background.append(loop.create_task(self._snapshot_loop(config, stop_after_snapshots, crash)))
         try:
             while self.ledger.groups:
+                if crash.done():
+                    crash.result()
                 await self._dispatch_ready()
                 await self._train_ready(trainer)
                 if not self.ledger.groups:
                     break
                 self._wake.clear()
-                await self._wake.wait()
+                waiter = loop.create_task(self._wake.wait())
+                await asyncio.wait({waiter, crash}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
             await self._flush_outbox()
         finally:
-            acker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acker
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
         wall = time.monotonic() - started
         return await self._summary(config, expected, wall, trainer)
+
+    async def _snapshot_loop(
+        self, config: RunConfig, stop_after: int | None, crash: asyncio.Future[None]
+    ) -> None:
+        assert self.snapshots is not None
+        try:
+            while True:
+                await asyncio.sleep(config.snapshot_interval_s)
+                await self.take_snapshot(stop_after)
+        except Exception as exc:  # surfaced in the run loop: a run never ends silently
+            if not crash.done():
+                crash.set_exception(exc)
+
+    async def take_snapshot(self, stop_after: int | None = None) -> Path | None:
+        """One snapshot now. Transient failures count towards ``max_consecutive_failures``; an
+        invariant violation ends the run at once, naming what broke."""
+        assert self.snapshots is not None and self._config is not None
+        if stop_after is not None and self.snapshots.metrics.published >= stop_after:
+            return None
+        if stop_after is not None and self.snapshots.metrics.published + 1 == stop_after:
+            self.snapshots.on_published = self._crash_now
+        try:
+            return await self.snapshots.save()
+        except SnapshotFailure as failure:
+            if not failure.transient:
+                raise RuntimeError(
+                    f"snapshot invariant violated at {failure.step}: {failure.detail}"
+                ) from failure
+            if self.snapshots.metrics.consecutive_failures >= self._config.max_consecutive_failures:
+                raise RuntimeError(
+                    f"{self.snapshots.metrics.consecutive_failures} snapshots failed in a row; last at "
+                    f"{failure.step}: {failure.detail}"
+                ) from failure
+            return None
+
+    @staticmethod
+    def _crash_now(path: Path) -> None:
+        raise SimulatedCrash(f"stopped right after publishing {path.name}")
+
+    async def retire_pending(self) -> None:
+        """Stop attempts given up on that may still run on an agent."""
+        pending = tuple(
+            (s.rollout_id, a.index, a.replica)
+            for s, a in self.ledger.attempts()
+            if a.state is AttemptState.ABANDONED and a.replica is not None
+        )
+        if pending:
+            await self._retire(pending)  # type: ignore[arg-type]
+
+    def anchor(self) -> dict[str, object]:
+        """What the controller saves beside its ledger: the trainer anchor and the run's counters."""
+        return {
+            "policy_version": self.policy_version,
+            "train_steps": self.counts["train_steps"],
+            "sealed_rows": dict(self._sealed_rows),
+            "counts": {k: v for k, v in self.counts.items() if not k.startswith(("error:", "refused:"))},
+        }
+
+    def adopt(
+        self, ledger: Ledger, anchor: dict[str, object], *, saved_episodes: set[tuple[str, int]]
+    ) -> list[EpisodeRef]:
+        """Take over a restored ledger: every attempt that was running gets attempt N+1 on the same
+        replica, continuing its saved transcript at ``turn`` level, from its prompt otherwise."""
+        assert self._config is not None
+        self.ledger = ledger
+        self.policy_version = int(anchor["policy_version"])  # type: ignore[arg-type]
+        self._sealed_rows = dict(anchor["sealed_rows"])  # type: ignore[arg-type]
+        for key, value in dict(anchor["counts"]).items():  # type: ignore[arg-type]
+            self.counts[key] = value
+        if isinstance(self._trainer, ExampleTrainer):
+            self._trainer.policy_version = self.policy_version
+        keep_turns = self._config.recovery.target_level in ("turn", "prefix")
+        continued = []
+        for rollout, attempt in sorted(ledger.dispatched()):
+            fresh = ledger.restart_after_restore(
+                rollout, continue_saved=keep_turns and (rollout, attempt) in saved_episodes
+            )
+            self.counts["attempts_restarted"] += 1
+            if fresh.continue_from is not None:
+                assert fresh.replica is not None
+                continued.append(EpisodeRef(rollout_id=rollout, attempt=fresh.index, replica=fresh.replica))
+        self.counts["restores"] += 1
+        self.counts["rollouts_restored"] += len(continued)
+        return continued
 
     async def wait_for_cluster(self, config: RunConfig, timeout: float = 120.0) -> None:
         """Every participant answers Status before the first dispatch (a missing one is named)."""
@@ -286,10 +410,13 @@ class Controller(Actor):
                 return
             group = self.ledger.group_of(sibling.rollout_id)
             task = self._tasks[group.task_index]
-            attempt = sibling.current.index
-            replica = (
-                group.task_index * config.rollout.group_size + sibling.generation_index
-            ) % config.topology.agents
+            current = sibling.current
+            attempt = current.index
+            replica = current.replica  # pinned after a restore: a continuation runs where it was saved
+            if replica is None:
+                replica = (group.task_index * config.rollout.group_size + sibling.generation_index) % (
+                    config.topology.agents
+                )
             run = Run(
                 rollout_id=sibling.rollout_id,
                 attempt=attempt,
@@ -299,7 +426,7 @@ class Controller(Actor):
                 max_turns=task.max_turns or config.rollout.max_turns,
                 seed=stable_int(config.seed, sibling.rollout_id),
                 policy_version=self.policy_version,
-                task=self._task_options(config, sibling.rollout_id, attempt, replica),
+                task=self._task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),
             )
             self.ledger.dispatch(sibling.rollout_id, attempt, replica)
             self._replica_of[(sibling.rollout_id, attempt)] = replica
@@ -309,7 +436,9 @@ class Controller(Actor):
                 actor_address("agent", replica), run, correlation_id=capture_key(sibling.rollout_id, attempt)
             )
 
-    def _task_options(self, config: RunConfig, rollout: str, attempt: int, replica: int) -> dict[str, object]:
+    def _task_options(
+        self, config: RunConfig, rollout: str, attempt: int, replica: int, continue_from: int | None = None
+    ) -> dict[str, object]:
         options: dict[str, object] = {
             "agent": config.agent,
             "resources": replica % config.topology.resources,
@@ -325,6 +454,8 @@ class Controller(Actor):
             fail_at = stable_int(config.seed, rollout, attempt, "turn") % config.rollout.max_turns
         if fail_at is not None:
             options["fail_at_turn"] = fail_at
+        if continue_from is not None:
+            options["continue_from"] = continue_from
         return options
 
     async def _train_ready(self, trainer: Trainer) -> None:
@@ -385,6 +516,7 @@ class Controller(Actor):
             elif reply.role == "resources":
                 by_resources[address] = reply.counts.get("tool_calls", 0)
         digest = await self._transcripts_digest()
+        metrics = self.snapshots.metrics if self.snapshots is not None else SnapshotMetrics()
         sealed = len(self._sealed_rows)  # logical rollouts whose final attempt the trainer received
         rewards = list(self._sealed_rows.values())
         return RunSummary(
@@ -414,6 +546,12 @@ class Controller(Actor):
             rollouts_per_s=round(sealed / wall, 3) if wall else 0.0,
             model_calls_per_s=round(counts["policy.model_calls"] / wall, 3) if wall else 0.0,
             transcripts_sha256=digest,
+            snapshots_published=metrics.published,
+            snapshots_failed=metrics.failed,
+            snapshots_skipped=metrics.skipped,
+            pause_ms=metrics.pause_summary(),
+            restores=self.counts["restores"],
+            rollouts_restored=self.counts["rollouts_restored"],
             rollouts_by_agent=by_agent,
             tool_calls_by_resources=by_resources,
         )

@@ -68,6 +68,8 @@ async def run_workload(
     embedded: bool,
     state_root: Path,
     trainer: Trainer | None = None,
+    snapshots: bool = True,
+    stop_after_snapshots: int | None = None,
 ) -> RunSummary:
     """Start what this process hosts, run the workload to completion, stop, return the summary."""
     actors = embedded_actors(broker, secret, config, state_root) if embedded else []
@@ -77,7 +79,13 @@ async def run_workload(
         for actor in [*actors, controller]:
             await actor.start()
             started.append(actor)
-        return await controller.run_workload(config, tasks, trainer)
+        return await controller.run_workload(
+            config,
+            tasks,
+            trainer,
+            snapshot_root=state_root / "snapshots" if snapshots else None,
+            stop_after_snapshots=stop_after_snapshots,
+        )
     finally:
         for actor in reversed(started):
             await actor.stop()

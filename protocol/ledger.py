@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import msgspec
+
 from parkway.protocol.ids import capture_key, rollout_id
 
 
@@ -84,6 +86,7 @@ class Attempt:
     reward: float | None = None
     turns: int = 0
     failure: str | None = None
+    continue_from: int | None = None  # after a restore: the saved attempt this one continues
 
     def move(self, event: AttemptEvent) -> None:
         after = ATTEMPT_TRANSITIONS.get((self.state, event))
@@ -281,6 +284,38 @@ class Ledger:
             raise LedgerError(f"{rollout}: attempt {attempt} is not current ({sibling.current.index})")
         return sibling.current
 
+    # -- restore -----------------------------------------------------------------------------------
+    def restart_after_restore(self, rollout: str, *, continue_saved: bool) -> Attempt:
+        """A rollout that was running at the snapshot gets attempt N+1 on the same replica: continuing
+        its saved transcript (turn level) or from its prompt (sibling level). Attempt N is fenced."""
+        sibling = self.sibling(rollout)
+        saved = sibling.current
+        if saved.state is not AttemptState.DISPATCHED:
+            raise LedgerError(f"{rollout}: only a dispatched attempt is restarted, not one {saved.state.value}")
+        saved.move(AttemptEvent.ABANDON)
+        saved.move(AttemptEvent.RETIRE)  # nothing runs it any more: the cluster it ran in is gone
+        attempt = self._new_attempt(sibling)
+        attempt.replica = saved.replica
+        attempt.continue_from = saved.index if continue_saved else None
+        return attempt
+
+    def dispatched(self) -> set[tuple[str, int]]:
+        return {(s.rollout_id, a.index) for s, a in self.attempts() if a.state is AttemptState.DISPATCHED}
+
+    # -- persistence ---------------------------------------------------------------------------------
+    def export(self) -> bytes:
+        return msgspec.msgpack.encode({"max_attempts": self.max_attempts, "groups": list(self.groups.values())})
+
+    @classmethod
+    def load(cls, data: bytes) -> Ledger:
+        decoded = msgspec.msgpack.decode(data, type=_LedgerRecord)
+        ledger = cls(max_attempts=decoded.max_attempts)
+        for group in decoded.groups:
+            ledger.groups[group.group_id] = group
+            for sibling in group.siblings:
+                ledger._siblings[sibling.rollout_id] = (group, sibling)
+        return ledger
+
     # -- views ------------------------------------------------------------------------------------
     def attempts(self) -> list[tuple[Sibling, Attempt]]:
         return [(s, a) for g in self.groups.values() for s in g.siblings for a in s.attempts]
@@ -288,3 +323,8 @@ class Ledger:
     def in_flight(self) -> int:
         """Attempts dispatched and not settled. A reserved attempt waiting for the gate is not running."""
         return sum(1 for _, a in self.attempts() if a.state is AttemptState.DISPATCHED)
+
+
+class _LedgerRecord(msgspec.Struct):
+    max_attempts: int
+    groups: list[Group]

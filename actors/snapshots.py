@@ -1,0 +1,588 @@
+"""Coordinated snapshots and restore: the controller's side of SPEC sections 6 to 8.
+
+The order of the steps is data (``protocol/snapshot.py``); each step is one method here. Files:
+
+    <root>/<run>/snapshot_<seq>/manifest.json        schema, checkpoint id, trainer anchor, fingerprints,
+                                                     per-file digests, saved episodes
+                               /ledger.msgpack       the recovery ledger and the trainer's anchor
+                               /tq/                  TQ's staging, canonical and lineage rows
+                               /participants/<role>/<replica>/   each participant's records
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+from parkway.brokers.base import BrokerError
+from parkway.protocol.ids import actor_address, new_checkpoint_id
+from parkway.protocol.ledger import Ledger
+from parkway.protocol.messages import (
+    Abort,
+    Capabilities,
+    Commit,
+    Committed,
+    Discover,
+    EpisodeRef,
+    Error,
+    Message,
+    Prepare,
+    Prepared,
+    Renew,
+    Restore,
+    Resume,
+    Status,
+    StatusReport,
+)
+from parkway.protocol.snapshot import (
+    SAVE_SEQUENCE,
+    SaveStep,
+    SnapshotFailure,
+    episode_mismatch,
+)
+
+if TYPE_CHECKING:
+    from parkway.actors.config import RunConfig
+    from parkway.actors.controller import Controller
+
+log = structlog.get_logger("parkway.snapshots")
+
+MANIFEST_SCHEMA = 1
+RESUME_RETRIES = 5
+
+
+class SnapshotInvalid(Exception):
+    """A snapshot on disk that does not verify; the message says exactly what is wrong."""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def topology_of(capabilities: list[Capabilities]) -> list[dict[str, Any]]:
+    """Who takes part, sorted; restart-only flags are excluded (they may change between runs)."""
+    return sorted(
+        ({"role": c.role, "replica": c.replica} for c in capabilities),
+        key=lambda d: (d["role"], d["replica"]),
+    )
+
+
+def verify_snapshot(directory: Path) -> dict[str, Any]:
+    """The manifest of a snapshot whose every listed file exists and matches its digest."""
+    manifest_path = directory / "manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SnapshotInvalid(f"{manifest_path}: {exc}") from None
+    if manifest.get("schema") != MANIFEST_SCHEMA:
+        raise SnapshotInvalid(
+            f"{manifest_path}: schema {manifest.get('schema')!r}, expected {MANIFEST_SCHEMA}"
+        )
+    for entry in manifest["files"]:
+        path = directory / entry["path"]
+        if not path.is_file():
+            raise SnapshotInvalid(f"{directory.name}: missing file {entry['path']}")
+        if path.stat().st_size != entry["size"]:
+            raise SnapshotInvalid(
+                f"{directory.name}: {entry['path']} is {path.stat().st_size} bytes, manifest says {entry['size']}"
+            )
+        if sha256_file(path) != entry["sha256"]:
+            raise SnapshotInvalid(f"{directory.name}: {entry['path']} does not match its sha256")
+    return manifest
+
+
+def list_snapshots(run_dir: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in run_dir.glob("snapshot_*") if run_dir.is_dir() else ():
+        suffix = path.name.removeprefix("snapshot_")
+        if suffix.isdigit():
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def select_snapshot(run_dir: Path, *, config_fingerprint: str) -> tuple[Path, dict[str, Any]] | None:
+    """The newest snapshot that verifies and belongs to this configuration; corrupt ones are skipped
+    with a warning naming them (the one before stays authoritative)."""
+    for _, path in reversed(list_snapshots(run_dir)):
+        try:
+            manifest = verify_snapshot(path)
+        except SnapshotInvalid as exc:
+            log.warning("snapshot_skipped", snapshot=path.name, reason=str(exc))
+            continue
+        if manifest["config_fingerprint"] != config_fingerprint:
+            log.warning("snapshot_skipped", snapshot=path.name, reason="written under another configuration")
+            continue
+        return path, manifest
+    return None
+
+
+@dataclass
+class SnapshotMetrics:
+    published: int = 0
+    failed: int = 0
+    skipped: int = 0
+    consecutive_failures: int = 0
+    pause_ms: list[float] = field(default_factory=list)
+    phases_ms: dict[str, list[float]] = field(default_factory=dict)
+    restores: int = 0
+    rollouts_restored: int = 0
+
+    def pause_summary(self) -> dict[str, float]:
+        if not self.pause_ms:
+            return {"p50": 0.0, "p95": 0.0, "max": 0.0}
+        ordered = sorted(self.pause_ms)
+        q = statistics.quantiles(ordered, n=100) if len(ordered) > 1 else [ordered[0]] * 99
+        return {"p50": round(q[49], 3), "p95": round(q[94], 3), "max": round(ordered[-1], 3)}
+
+
+class SnapshotCoordinator:
+    """Takes snapshots for one controller and restores the newest one at start."""
+
+    def __init__(self, controller: Controller, config: RunConfig, root: Path) -> None:
+        self.controller = controller
+        self.config = config
+        self.run_dir = root / controller.run
+        self.metrics = SnapshotMetrics()
+        self.config_fingerprint = fingerprint(msgspec.to_builtins(config))
+        self._last_progress: tuple[Any, ...] | None = None
+        self.on_published: Callable[[Path], None] | None = None  # a test hook
+
+    # -- who -----------------------------------------------------------------------------------------
+    def addresses(self, role: str) -> list[str]:
+        count = {
+            "tq": 1,
+            "policy": 1,
+            "resources": self.config.topology.resources,
+            "agent": self.config.topology.agents,
+        }[role]
+        return [actor_address(role, i) for i in range(count)]
+
+    async def _ask(self, stage: str, make: Callable[[str], Message], step: str) -> dict[str, Message]:
+        addresses = self.addresses(stage)
+        replies = await asyncio.gather(
+            *(self._request(a, make(a)) for a in addresses), return_exceptions=True
+        )
+        answered: dict[str, Message] = {}
+        for address, reply in zip(addresses, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise SnapshotFailure(step, f"{address}: {reply}", transient=True)
+            if isinstance(reply, Error):
+                raise SnapshotFailure(
+                    step, f"{address}: {reply.code.value}: {reply.detail}", transient=reply.retryable
+                )
+            answered[address] = reply
+        return answered
+
+    async def _request(self, address: str, message: Message) -> Message:
+        try:
+            return await self.controller.client.request(address, message)
+        except BrokerError as exc:
+            raise SnapshotFailure("request", f"{address}: {exc}", transient=True) from exc
+
+    # -- save ------------------------------------------------------------------------------------------
+    async def _progress(self) -> tuple[Any, ...]:
+        """What a snapshot would capture, in counters: the boundaries agents passed (turns move without
+        any ledger or TQ change) and the ledger's own movement."""
+        boundaries = 0
+        for address in self.addresses("agent"):
+            reply = await self._request(
+                address, Status(checkpoint_id=new_checkpoint_id("progress"), deadline=time.time() + 5)
+            )
+            if isinstance(reply, StatusReport):
+                boundaries += reply.counts.get("boundaries", 0)
+        counts = self.controller.counts
+        return (
+            boundaries,
+            counts["attempts_dispatched"],
+            counts["rollouts_sealed"],
+            counts["attempts_failed"],
+            counts["train_steps"],
+            len(self.controller.ledger.groups),
+        )
+
+    async def save(self) -> Path | None:
+        """One snapshot attempt: the path published, or None when skipped. Raises SnapshotFailure."""
+        cid = new_checkpoint_id("ck")
+        seq = (list_snapshots(self.run_dir)[-1][0] + 1) if list_snapshots(self.run_dir) else 1
+        tmp = self.run_dir / f"tmp_{cid}"
+        deadline = time.time() + self.config.prepare_timeout_s
+        state: dict[str, Any] = {
+            "cid": cid,
+            "seq": seq,
+            "tmp": tmp,
+            "deadline": deadline,
+            "files": [],
+            "episodes": set(),
+            "restarts": set(),
+            "parked": 0,
+            "boundaries": 0,
+        }
+        started = time.perf_counter()
+        closed_at = None
+        reached: list[SaveStep] = []
+        with structlog.contextvars.bound_contextvars(checkpoint_id=cid):
+            try:
+                for step in SAVE_SEQUENCE:
+                    t0 = time.perf_counter()
+                    reached.append(step.name)  # type: ignore[arg-type]
+                    self.controller.faults.reach(f"save_{step.name.value}")
+                    if step.name is SaveStep.CLOSE_GATE:
+                        closed_at = time.perf_counter()
+                    result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
+                    self.metrics.phases_ms.setdefault(step.name.value, []).append(
+                        (time.perf_counter() - t0) * 1000
+                    )
+                    if result == "skip":
+                        self.metrics.skipped += 1
+                        self.metrics.consecutive_failures = 0
+                        log.info("snapshot_skipped", reason="nothing new since the last snapshot")
+                        return None
+                    self.controller.faults.reach(f"after_{step.name.value}")
+            except SnapshotFailure as failure:
+                if SaveStep.PUBLISH not in reached[:-1]:
+                    await self._abort(state, failure)
+                self.controller.gate_open = True
+                self.controller._wake.set()
+                self.metrics.failed += 1
+                self.metrics.consecutive_failures += 1
+                raise
+            finally:
+                if closed_at is not None and self.controller.gate_open:
+                    self.metrics.pause_ms.append((time.perf_counter() - closed_at) * 1000)
+        self.metrics.published += 1
+        self.metrics.consecutive_failures = 0
+        path = self.run_dir / f"snapshot_{seq}"
+        log.info(
+            "snapshot_published",
+            snapshot=path.name,
+            episodes=len(state["episodes"]),
+            ms=round((time.perf_counter() - started) * 1000, 3),
+            parked=state["parked"],
+        )
+        return path
+
+    async def _step_close_gate(self, _: tuple[str, ...], state: dict[str, Any]) -> str | None:
+        state["progress"] = await self._progress()
+        if self._last_progress == state["progress"]:
+            return "skip"  # no boundary passed, no ledger or TQ change: a snapshot would add nothing
+        self.controller.gate_open = False
+        return None
+
+    async def _step_retire(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
+        await self.controller.retire_pending()
+
+    async def _step_ack_drain(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
+        await self.controller._flush_outbox()
+
+    async def _step_prepare(self, stages: tuple[str, ...], state: dict[str, Any]) -> None:
+        cid, deadline = state["cid"], state["deadline"]
+        for stage in stages:
+            replies = await self._ask(
+                stage, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "prepare"
+            )
+            for reply in replies.values():
+                assert isinstance(reply, Prepared)
+                state["parked"] += reply.parked
+                state["boundaries"] += reply.boundaries_passed
+                state["restarts"].update((r.rollout_id, r.attempt) for r in reply.restarts)
+        # One lease renewal for the rest of the save, in case preparing took most of the deadline.
+        renewed = time.time() + self.config.prepare_timeout_s
+        state["deadline"] = renewed
+        for stage in stages:
+            await self._ask(stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew")
+
+    async def _step_commit(self, stages: tuple[str, ...], state: dict[str, Any]) -> None:
+        cid, deadline, location = state["cid"], state["deadline"], state["tmp"].name
+        scope = self._scope()
+        for stage in stages:
+            replies = await self._ask(
+                stage,
+                lambda a: Commit(
+                    checkpoint_id=cid, deadline=deadline, location=location, episodes=scope.get(a, ())
+                ),
+                "commit",
+            )
+            for address, reply in replies.items():
+                assert isinstance(reply, Committed)
+                role, replica = address.split("/")
+                self._record_files(state, Path("participants") / role / replica, reply)
+                if role == "agent":
+                    state["episodes"].update((e.rollout_id, e.attempt) for e in reply.episodes)
+
+    def _scope(self) -> dict[str, tuple[EpisodeRef, ...]]:
+        """Each agent's exact episode scope: the attempts the ledger has dispatched to it."""
+        scope: dict[str, list[EpisodeRef]] = {}
+        for sibling, attempt in self.controller.ledger.attempts():
+            if attempt.state.value == "dispatched" and attempt.replica is not None:
+                scope.setdefault(actor_address("agent", attempt.replica), []).append(
+                    EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=attempt.replica)
+                )
+        everything = tuple(e for refs in scope.values() for e in refs)
+        result = {address: tuple(refs) for address, refs in scope.items()}
+        for address in self.addresses("resources") + self.addresses("policy"):
+            result[address] = everything
+        return result
+
+    def _record_files(self, state: dict[str, Any], prefix: Path, reply: Committed) -> None:
+        for f in reply.files:
+            state["files"].append(
+                {
+                    "path": str(prefix / f.path),
+                    "sha256": f.sha256,
+                    "records": f.records,
+                    "size": f.size,
+                    "checkpoint_id": reply.checkpoint_id,
+                }
+            )
+
+    async def _step_drain_receipts(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
+        """A dispatched attempt no agent saved has finished: its receipt is on the wire. Wait for it
+        to seal (or fail) before the cut, event driven, until the deadline."""
+        restarts = state["restarts"]
+        while True:
+            waiting = self.controller.ledger.dispatched() - state["episodes"] - restarts
+            if not waiting:
+                return
+            remaining = state["deadline"] - time.time()
+            if remaining <= 0:
+                mismatch = episode_mismatch(state["episodes"], self.controller.ledger.dispatched() - restarts)
+                raise SnapshotFailure(
+                    "drain_receipts", f"receipts did not arrive: {mismatch}", transient=True
+                )
+            self.controller._wake.clear()
+            try:
+                await asyncio.wait_for(self.controller._wake.wait(), remaining)
+            except TimeoutError:
+                continue
+
+    async def _step_capture(self, stages: tuple[str, ...], state: dict[str, Any]) -> None:
+        """TQ and the ledger at one cut: nothing can seal in between (the gate is closed, every rollout
+        parked, receipts drained), and the ledger is encoded right after TQ's commit returns."""
+        cid, deadline, tmp = state["cid"], state["deadline"], state["tmp"]
+        replies = await self._ask(
+            "tq", lambda _a: Commit(checkpoint_id=cid, deadline=deadline, location=tmp.name), "capture"
+        )
+        reply = replies["tq/0"]
+        assert isinstance(reply, Committed)
+        self._record_files(state, Path("tq"), reply)
+        data = msgspec.msgpack.encode(
+            {"ledger": self.controller.ledger.export(), "controller": self.controller.anchor()}
+        )
+        tmp.mkdir(parents=True, exist_ok=True)
+        path = tmp / "ledger.msgpack"
+        with open(path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        state["files"].append(
+            {
+                "path": "ledger.msgpack",
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "records": 1,
+                "size": len(data),
+                "checkpoint_id": cid,
+            }
+        )
+
+    async def _step_validate(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
+        dispatched = self.controller.ledger.dispatched() - state["restarts"]
+        mismatch = episode_mismatch(state["episodes"], dispatched)
+        if mismatch:
+            raise SnapshotFailure(
+                "validate", f"saved episodes differ from the ledger: {mismatch}", transient=False
+            )
+        tmp: Path = state["tmp"]
+        for entry in state["files"]:
+            path = tmp / entry["path"]
+            if not path.is_file() or sha256_file(path) != entry["sha256"]:
+                raise SnapshotFailure(
+                    "validate", f"{entry['path']} is missing or does not match its digest", transient=True
+                )
+        self._check_staging_keys(tmp)
+
+    def _check_staging_keys(self, tmp: Path) -> None:
+        """Every turn an agent saved references a staging row that TQ captured."""
+        from parkway.actors.transcript import SavedRollout
+        from parkway.protocol.messages import StagingRow
+
+        staging = msgspec.msgpack.decode((tmp / "tq" / "staging.msgpack").read_bytes(), type=list[StagingRow])
+        captured = {f"{r.capture_key}:{r.turn}" for r in staging}
+        missing = []
+        for rollouts in (tmp / "participants" / "agent").glob("*/rollouts.msgpack"):
+            for saved in msgspec.msgpack.decode(rollouts.read_bytes(), type=list[SavedRollout]):
+                missing += [s.staging_key for s in saved.model if s.staging_key not in captured]
+        if missing:
+            raise SnapshotFailure(
+                "validate", f"staging rows not in TQ's capture: {', '.join(missing[:20])}", transient=False
+            )
+
+    async def _step_publish(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
+        tmp: Path = state["tmp"]
+        manifest = {
+            "schema": MANIFEST_SCHEMA,
+            "checkpoint_id": state["cid"],
+            "seq": state["seq"],
+            "run": self.controller.run,
+            "created_at": time.time(),
+            "trainer": {
+                "step": self.controller.counts["train_steps"],
+                "policy_version": self.controller.policy_version,
+            },
+            "config_fingerprint": self.config_fingerprint,
+            "topology_fingerprint": fingerprint(self._expected_topology()),
+            "episodes": sorted([r, a] for r, a in state["episodes"]),
+            "restarts": sorted([r, a] for r, a in state["restarts"]),
+            "files": state["files"],
+        }
+        manifest_path = tmp / "manifest.json"
+        with open(manifest_path, "w") as handle:
+            json.dump(manifest, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        for directory in sorted(
+            {(tmp / e["path"]).parent for e in state["files"]} | {tmp}, key=lambda p: -len(p.parts)
+        ):
+            fsync_dir(directory)
+        final = self.run_dir / f"snapshot_{state['seq']}"
+        os.rename(tmp, final)
+        fsync_dir(self.run_dir)
+        self._last_progress = state["progress"]
+        self._prune()
+        if self.on_published is not None:
+            self.on_published(final)
+
+    def _expected_topology(self) -> list[dict[str, Any]]:
+        return sorted(
+            (
+                {"role": role, "replica": i}
+                for role in ("agent", "policy", "resources", "tq")
+                for i in range(len(self.addresses(role)))
+            ),
+            key=lambda d: (d["role"], d["replica"]),
+        )
+
+    def _prune(self) -> None:
+        snapshots = list_snapshots(self.run_dir)
+        for _, path in snapshots[: -self.config.keep_latest_k]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    async def _step_resume(self, stages: tuple[str, ...], state: dict[str, Any]) -> None:
+        await self.resume_all(state["cid"], stages)
+
+    async def resume_all(self, cid: str, stages: tuple[str, ...]) -> None:
+        """Resume every participant under the same id; one that does not answer is
+        ``published_release_pending`` and is asked again (same id, idempotent) until it answers."""
+        for stage in stages:
+            for address in self.addresses(stage):
+                for attempt in range(RESUME_RETRIES):
+                    try:
+                        reply = await self.controller.client.request(
+                            address, Resume(checkpoint_id=cid, deadline=time.time() + 5)
+                        )
+                        if not isinstance(reply, Error):
+                            break
+                    except BrokerError:
+                        pass
+                    self.controller.counts["release_pending"] += 1
+                    log.warning("published_release_pending", participant=address, attempt=attempt + 1)
+                    await asyncio.sleep(0.2 * (attempt + 1))
+
+    async def _step_open_gate(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
+        self.controller.gate_open = True
+        self.controller._wake.set()
+
+    async def _abort(self, state: dict[str, Any], failure: SnapshotFailure) -> None:
+        """Abort under the same id everywhere (fencing it), delete the temporary directory."""
+        log.warning("snapshot_aborted", step=failure.step, detail=failure.detail, transient=failure.transient)
+        cid = state["cid"]
+        targets = [a for role in ("agent", "policy", "resources", "tq") for a in self.addresses(role)]
+        await asyncio.gather(
+            *(
+                self.controller.client.request(
+                    a, Abort(checkpoint_id=cid, deadline=time.time() + 5, reason=str(failure))
+                )
+                for a in targets
+            ),
+            return_exceptions=True,
+        )
+        shutil.rmtree(state["tmp"], ignore_errors=True)
+
+    # -- restore --------------------------------------------------------------------------------------
+    async def restore_if_any(self) -> bool:
+        """Restore the newest valid snapshot of this run, if there is one. True when restored."""
+        selected = select_snapshot(self.run_dir, config_fingerprint=self.config_fingerprint)
+        if selected is None:
+            return False
+        path, manifest = selected
+        rid = new_checkpoint_id("rs")
+        with structlog.contextvars.bound_contextvars(checkpoint_id=rid):
+            log.info("restore_started", snapshot=path.name, saved_checkpoint=manifest["checkpoint_id"])
+            await self._check_topology(manifest)
+            deadline = time.time() + self.config.prepare_timeout_s
+            await self._ask(
+                "tq",
+                lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name),
+                "restore_tq",
+            )
+            record = msgspec.msgpack.decode((path / "ledger.msgpack").read_bytes())
+            ledger = Ledger.load(record["ledger"])
+            saved = {(r, a) for r, a in manifest["episodes"]}
+            restarts = {(r, a) for r, a in manifest["restarts"]}
+            mismatch = episode_mismatch(saved, ledger.dispatched() - restarts)
+            if mismatch:
+                raise SnapshotInvalid(f"{path.name}: saved episodes differ from its ledger: {mismatch}")
+            continued = self.controller.adopt(ledger, record["controller"], saved_episodes=saved)
+            scope = tuple(continued)
+            for stage in ("agent", "policy", "resources"):
+                await self._ask(
+                    stage,
+                    lambda _a: Restore(
+                        checkpoint_id=rid, deadline=deadline, location=path.name, episodes=scope
+                    ),
+                    "restore",
+                )
+            await self.resume_all(rid, ("resources", "policy", "agent", "tq"))  # once, by this owner only
+            self.metrics.restores += 1
+            self.metrics.rollouts_restored += len(scope)
+            self._last_progress = await self._progress()
+            log.info("restore_done", snapshot=path.name, continued=len(scope))
+        return True
+
+    async def _check_topology(self, manifest: dict[str, Any]) -> None:
+        capabilities = []
+        for role in ("agent", "policy", "resources", "tq"):
+            replies = await self._ask(
+                role,
+                lambda _a: Discover(checkpoint_id=new_checkpoint_id("disc"), deadline=time.time() + 10),
+                "discover",
+            )
+            capabilities += [r for r in replies.values() if isinstance(r, Capabilities)]
+        live = fingerprint(topology_of(capabilities))
+        if live != manifest["topology_fingerprint"]:
+            raise SnapshotInvalid(
+                "the live topology differs from the snapshot's: "
+                f"{[(c.role, c.replica) for c in capabilities]}"
+            )
