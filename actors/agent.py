@@ -102,6 +102,7 @@ class Agent(Participant):
         self.latest_attempt: dict[str, int] = {}
         self.unacked: dict[AttemptKey, tuple[Completed | Failed, float]] = {}
         self.continuations: dict[str, SavedRollout] = {}  # restored, waiting for their Run
+        self.epoch = 0  # the newest controller incarnation seen (Run or Restore)
         self._released = asyncio.Event()  # set while no checkpoint holds the rollouts
         self._released.set()
         self._park_changed = asyncio.Event()
@@ -130,14 +131,16 @@ class Agent(Participant):
     # -- handlers ------------------------------------------------------------------------------
     async def on_run(self, run: Run) -> None:
         key = (run.rollout_id, run.attempt)
+        if run.epoch < self.epoch or key in self.retired:
+            self.counts["runs_stale"] += 1  # from an older controller incarnation, or a replaced attempt
+            return
+        self.epoch = run.epoch
         if (
             key in self.running
             or key in self.unacked
             or self.latest_attempt.get(run.rollout_id, -1) > run.attempt
         ):
-            self.counts["runs_duplicate"] += (
-                1  # a redelivered or stale Run: the attempt exists or is replaced
-            )
+            self.counts["runs_duplicate"] += 1  # redelivered: the attempt exists or was replaced
             return
         self.latest_attempt[run.rollout_id] = run.attempt
         live = LiveRollout(run)
@@ -199,6 +202,15 @@ class Agent(Participant):
         return msgspec.structs.replace(reply, episodes=self.saved_episodes())  # type: ignore[type-var]
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        # A restored agent runs nothing from before: work it picked up from the dead cluster's queues
+        # is stopped, and anything older than this controller incarnation is refused from now on.
+        self.epoch = max(self.epoch, command.epoch)
+        zombies = list(self.running.values())
+        for task in zombies:
+            task.cancel()
+        await asyncio.gather(*zombies, return_exceptions=True)
+        self.unacked.clear()
+        self.counts["runs_stopped_at_restore"] += len(zombies)
         saved = msgspec.msgpack.decode((directory / "rollouts.msgpack").read_bytes(), type=list[SavedRollout])
         continuing = {e.rollout_id: e.attempt for e in command.episodes if e.replica == self.replica}
         restored = []
@@ -207,7 +219,7 @@ class Agent(Participant):
             if attempt is None:
                 continue
             self.continuations[item.run.rollout_id] = item
-            self.latest_attempt[item.run.rollout_id] = attempt - 1  # attempt N+1 may start; N is fenced
+            self.latest_attempt[item.run.rollout_id] = attempt  # attempt N+1 may start; N is fenced
             restored.append(AttemptRef(rollout_id=item.run.rollout_id, attempt=attempt))
         return tuple(restored)
 

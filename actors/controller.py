@@ -106,6 +106,7 @@ class Controller(Actor):
         self.ledger = Ledger()
         self.gate_open = True
         self.policy_version = 0
+        self.epoch = 1  # this controller's incarnation: +1 per restore, stamped on every Run
         self._wake = asyncio.Event()
         self._outbox: dict[int, list[AttemptRef]] = defaultdict(list)
         self._replica_of: dict[tuple[str, int], int] = {}
@@ -115,6 +116,7 @@ class Controller(Actor):
         self._sealed_rows: dict[str, float] = {}
         self._trainer: Trainer | None = None
         self.snapshots: SnapshotCoordinator | None = None
+        self.fenced_at_restore: list[AttemptRef] = []
 
     # -- receipts ------------------------------------------------------------------------------
     async def on_completed(self, receipt: Completed) -> None:
@@ -278,6 +280,8 @@ class Controller(Actor):
                 await asyncio.wait({waiter, crash}, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
             await self._flush_outbox()
+            if self.snapshots is not None:
+                self.snapshots.mark_completed()
         finally:
             for task in background:
                 task.cancel()
@@ -337,6 +341,7 @@ class Controller(Actor):
         """What the controller saves beside its ledger: the trainer anchor and the run's counters."""
         return {
             "policy_version": self.policy_version,
+            "epoch": self.epoch,
             "train_steps": self.counts["train_steps"],
             "sealed_rows": dict(self._sealed_rows),
             "counts": {k: v for k, v in self.counts.items() if not k.startswith(("error:", "refused:"))},
@@ -350,6 +355,7 @@ class Controller(Actor):
         assert self._config is not None
         self.ledger = ledger
         self.policy_version = int(anchor["policy_version"])  # type: ignore[arg-type]
+        self.epoch = int(anchor["epoch"]) + 1  # type: ignore[arg-type]
         self._sealed_rows = dict(anchor["sealed_rows"])  # type: ignore[arg-type]
         for key, value in dict(anchor["counts"]).items():  # type: ignore[arg-type]
             self.counts[key] = value
@@ -357,7 +363,9 @@ class Controller(Actor):
             self._trainer.policy_version = self.policy_version
         keep_turns = self._config.recovery.target_level in ("turn", "prefix")
         continued = []
+        self.fenced_at_restore = []
         for rollout, attempt in sorted(ledger.dispatched()):
+            self.fenced_at_restore.append(AttemptRef(rollout_id=rollout, attempt=attempt))
             fresh = ledger.restart_after_restore(
                 rollout, continue_saved=keep_turns and (rollout, attempt) in saved_episodes
             )
@@ -426,6 +434,7 @@ class Controller(Actor):
                 max_turns=task.max_turns or config.rollout.max_turns,
                 seed=stable_int(config.seed, sibling.rollout_id),
                 policy_version=self.policy_version,
+                epoch=self.epoch,
                 task=self._task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),
             )
             self.ledger.dispatch(sibling.rollout_id, attempt, replica)

@@ -198,6 +198,11 @@ class Policy(Participant):
         return (write_records(directory / "participant.msgpack", [record]),)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        # Calls in flight belong to the cluster that died: abort them and capture nothing of them
+        # (the restored agents re-issue what they need: same request, same tokens).
+        for request_id, attempt in list(self._generating.items()):
+            self.retired.add(attempt)
+            await self.pool.abort(request_id)
         [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
         self.policy_version = int(record["policy_version"])
         return ()

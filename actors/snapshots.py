@@ -42,6 +42,7 @@ from parkway.protocol.messages import (
     Renew,
     Restore,
     Resume,
+    Retire,
     Status,
     StatusReport,
 )
@@ -531,8 +532,20 @@ class SnapshotCoordinator:
         shutil.rmtree(state["tmp"], ignore_errors=True)
 
     # -- restore --------------------------------------------------------------------------------------
+    def mark_completed(self) -> None:
+        """A finished run leaves a marker: starting the same run again starts it afresh."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "COMPLETED").write_text(f"{time.time()}\n")
+
     async def restore_if_any(self) -> bool:
         """Restore the newest valid snapshot of this run, if there is one. True when restored."""
+        completed = self.run_dir / "COMPLETED"
+        if completed.exists():
+            log.info("previous_run_completed", run_dir=str(self.run_dir), action="starting afresh")
+            for _, path in list_snapshots(self.run_dir):
+                shutil.rmtree(path, ignore_errors=True)
+            completed.unlink()
+            return False
         selected = select_snapshot(self.run_dir, config_fingerprint=self.config_fingerprint)
         if selected is None:
             return False
@@ -542,11 +555,6 @@ class SnapshotCoordinator:
             log.info("restore_started", snapshot=path.name, saved_checkpoint=manifest["checkpoint_id"])
             await self._check_topology(manifest)
             deadline = time.time() + self.config.prepare_timeout_s
-            await self._ask(
-                "tq",
-                lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name),
-                "restore_tq",
-            )
             record = msgspec.msgpack.decode((path / "ledger.msgpack").read_bytes())
             ledger = Ledger.load(record["ledger"])
             saved = {(r, a) for r, a in manifest["episodes"]}
@@ -555,15 +563,32 @@ class SnapshotCoordinator:
             if mismatch:
                 raise SnapshotInvalid(f"{path.name}: saved episodes differ from its ledger: {mismatch}")
             continued = self.controller.adopt(ledger, record["controller"], saved_episodes=saved)
-            scope = tuple(continued)
+            scope, epoch = tuple(continued), self.controller.epoch
+            # Agents first: they stop whatever the fresh processes picked up from the dead cluster's
+            # queues; then the attempts the snapshot had running are fenced everywhere; TQ last, so
+            # nothing generated before the fence survives in it.
             for stage in ("agent", "policy", "resources"):
                 await self._ask(
                     stage,
                     lambda _a: Restore(
-                        checkpoint_id=rid, deadline=deadline, location=path.name, episodes=scope
+                        checkpoint_id=rid, deadline=deadline, location=path.name, episodes=scope, epoch=epoch
                     ),
                     "restore",
                 )
+                self.controller.faults.reach(f"after_restore_{stage}")
+            fence = tuple(self.controller.fenced_at_restore)
+            for stage in ("agent", "policy", "resources"):
+                await self._ask(
+                    stage,
+                    lambda _a: Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence),
+                    "fence",
+                )
+            await self._ask(
+                "tq",
+                lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name, epoch=epoch),
+                "restore_tq",
+            )
+            self.controller.faults.reach("after_restore_tq")
             await self.resume_all(rid, ("resources", "policy", "agent", "tq"))  # once, by this owner only
             self.metrics.restores += 1
             self.metrics.rollouts_restored += len(scope)

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import msgspec
-
 from parkway.protocol.ids import capture_key, rollout_id
 
 
@@ -291,7 +290,9 @@ class Ledger:
         sibling = self.sibling(rollout)
         saved = sibling.current
         if saved.state is not AttemptState.DISPATCHED:
-            raise LedgerError(f"{rollout}: only a dispatched attempt is restarted, not one {saved.state.value}")
+            raise LedgerError(
+                f"{rollout}: only a dispatched attempt is restarted, not one {saved.state.value}"
+            )
         saved.move(AttemptEvent.ABANDON)
         saved.move(AttemptEvent.RETIRE)  # nothing runs it any more: the cluster it ran in is gone
         attempt = self._new_attempt(sibling)
@@ -304,7 +305,9 @@ class Ledger:
 
     # -- persistence ---------------------------------------------------------------------------------
     def export(self) -> bytes:
-        return msgspec.msgpack.encode({"max_attempts": self.max_attempts, "groups": list(self.groups.values())})
+        return msgspec.msgpack.encode(
+            {"max_attempts": self.max_attempts, "groups": list(self.groups.values())}
+        )
 
     @classmethod
     def load(cls, data: bytes) -> Ledger:

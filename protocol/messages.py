@@ -128,7 +128,13 @@ class Abort(ControlCommand, frozen=True, kw_only=True):
 
 
 class Restore(SnapshotCommand, frozen=True, kw_only=True):
-    """Install saved state from ``location`` for exactly ``episodes``, then stay paused until Resume."""
+    """Install saved state from ``location`` for exactly ``episodes``, then stay paused until Resume.
+
+    ``epoch`` is the restoring controller's incarnation: work from an older one (a ``Run`` still queued
+    from the cluster that died) is refused from now on.
+    """
+
+    epoch: int = 0
 
 
 class Retire(ControlCommand, frozen=True, kw_only=True):
@@ -249,6 +255,7 @@ class Run(Message, frozen=True, kw_only=True):
     seed: int = 0
     policy_version: int = 0
     task: dict[str, object] = {}
+    epoch: int = 0  # the dispatching controller's incarnation (+1 per restore)
 
 
 class Generate(Message, frozen=True, kw_only=True):

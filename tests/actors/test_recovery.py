@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from parkway.actors.config import from_dict
 from parkway.actors.controller import RunSummary, SimulatedCrash
 from parkway.actors.tasks import load_tasks
 from parkway.actors.workload import run_workload
 from parkway.brokers.memory import MemoryBroker, MemoryHub
+
 from tests.actors.helpers import SECRET
 
 BASE = {
@@ -29,11 +29,21 @@ BASE = {
 }
 
 
-async def run(state: Path, *, stop_after: int | None = None, snapshots: bool = True, **overrides: object) -> RunSummary:
+async def run(
+    state: Path, *, stop_after: int | None = None, snapshots: bool = True, **overrides: object
+) -> RunSummary:
     config = from_dict({**BASE, **overrides})
     async with MemoryBroker(MemoryHub(), config.run) as broker:  # a fresh "cluster" every time
-        return await run_workload(broker, SECRET, config, load_tasks(config.tasks), embedded=True,
-                                  state_root=state, snapshots=snapshots, stop_after_snapshots=stop_after)
+        return await run_workload(
+            broker,
+            SECRET,
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=state,
+            snapshots=snapshots,
+            stop_after_snapshots=stop_after,
+        )
 
 
 async def test_snapshots_do_not_change_what_is_generated(tmp_path: Path) -> None:
