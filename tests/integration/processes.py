@@ -54,6 +54,7 @@ class ActorProcess:
                 str(self.replica),
                 "--broker",
                 self.url,
+                *self.extra_args,
             ],
             env=actor_env(self.run, self.state_root, **self.extra_env),
             stdout=subprocess.DEVNULL,

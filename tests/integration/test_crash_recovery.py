@@ -1,0 +1,165 @@
+"""The crash matrix: the whole cluster, every actor its own process on the real RabbitMQ, killed with
+SIGKILL at a step of the save (or of a restore), then restarted.
+
+The controller kills itself at the step (``PARKWAY_FAULTS``, a real SIGKILL at an exact point); the
+test then SIGKILLs every other process at once. Every case asserts that the run completes, that no
+sealed rollout is lost or duplicated, that every restored rollout continued (its finished turns were
+not generated again, beyond the one model call in flight), that each tool mutation was applied exactly
+once (bank balances verify), and that the transcripts equal an uncrashed run's with the same seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from parkway.actors.config import load
+from parkway.actors.tasks import load_tasks
+from parkway.actors.workload import run_workload
+from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+from tests.integration.processes import actor_env, wait_ready
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
+
+CONFIG = """
+run: crash
+seed: 21
+rollout: {group_size: 3, max_turns: 6}
+tasks: {builtin: bank, limit: 2}
+policy: {host: inline, per_token_delay_s: 0.004}
+topology: {agents: 2, resources: 2}
+trainer: {batch_groups: 1}
+recovery: {target_level: turn}
+snapshot_interval_s: 0.3
+prepare_timeout_s: 10
+"""
+ROLES = [("tq", 0), ("policy", 0), ("resources", 0), ("resources", 1), ("agent", 0), ("agent", 1)]
+
+
+async def reference_digest(config_path: Path, tmp_path: Path) -> str:
+    config = load(config_path, environ={})
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        summary = await run_workload(
+            broker,
+            b"s",
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=tmp_path / "reference",
+            snapshots=False,
+        )
+    return summary.transcripts_sha256
+
+
+def start_driver(
+    config_path: Path, run_name: str, state: Path, url: str, faults: str = ""
+) -> subprocess.Popen[str]:
+    env = actor_env(run_name, state, PARKWAY_BROKER_URL=url)
+    if faults:
+        env["PARKWAY_FAULTS"] = faults
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "parkway.actors.cli",
+            "run",
+            "--config",
+            str(config_path),
+            "--json",
+            "--log-level",
+            "info",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def cluster(spawn, client, config_path: Path, state: Path):
+    actors = [spawn(role, replica, args=("--config", str(config_path))) for role, replica in ROLES]
+    for actor in actors:
+        actor.state_root = state
+    for actor in actors:
+        await wait_ready(client, actor, timeout=60)
+    return actors
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "after_prepare@2",  # prepared: the snapshot never publishes, the one before is restored
+        "after_commit@2",  # committed
+        "after_capture@2",  # during capture (TQ and ledger written, not validated)
+        "after_publish@2",  # published but not resumed
+    ],
+)
+async def test_the_whole_cluster_killed_at_a_save_step(
+    spawn, client, amqp_url, run_name, tmp_path, fault
+) -> None:
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(CONFIG)
+    state = tmp_path / "state"
+    reference = await reference_digest(config_path, tmp_path)
+
+    first = await cluster(spawn, client, config_path, state)
+    driver = start_driver(config_path, run_name, state, amqp_url, faults=fault)
+    _, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == -signal.SIGKILL, f"the controller did not die at {fault}:\n{err[-3000:]}"
+    for actor in first:  # the rest of the cluster dies with it
+        actor.kill()
+    snapshots = sorted((state / "snapshots" / run_name).glob("snapshot_*"))
+    assert snapshots, "at least the first snapshot was published before the crash"
+    manifest = json.loads((snapshots[-1] / "manifest.json").read_text())
+    assert manifest["episodes"], "the snapshot must catch rollouts mid-flight, or this case proves nothing"
+
+    await cluster(spawn, client, config_path, state)
+    driver = start_driver(config_path, run_name, state, amqp_url)
+    out, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["restores"] == 1 and summary["rollouts_restored"] == len(manifest["episodes"])
+    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 6 and summary["rollouts_failed"] == 0
+    assert summary["mean_reward"] == 1.0  # each bank session's balances replay exactly: no double transfer
+    assert summary["sessions_leaked"] == 0
+    assert summary["turns_regenerated"] <= summary["rollouts_restored"]  # only the calls in flight
+    assert summary["transcripts_sha256"] == reference  # the same tokens as a run that never crashed
+
+
+async def test_the_whole_cluster_killed_during_a_restore(spawn, client, amqp_url, run_name, tmp_path) -> None:
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(CONFIG)
+    state = tmp_path / "state"
+    reference = await reference_digest(config_path, tmp_path)
+
+    first = await cluster(spawn, client, config_path, state)
+    driver = start_driver(config_path, run_name, state, amqp_url, faults="after_publish@2")
+    await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == -signal.SIGKILL
+    for actor in first:
+        actor.kill()
+
+    # The restore itself dies after the agents installed their transcripts, before anything resumed.
+    second = await cluster(spawn, client, config_path, state)
+    driver = start_driver(config_path, run_name, state, amqp_url, faults="after_restore_agent")
+    _, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == -signal.SIGKILL, err[-3000:]
+    for actor in second:
+        actor.kill()
+
+    await cluster(spawn, client, config_path, state)
+    driver = start_driver(config_path, run_name, state, amqp_url)
+    out, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["restores"] == 1 and summary["rollouts_restored"] > 0  # the same snapshot, restored again
+    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 6
+    assert summary["mean_reward"] == 1.0 and summary["sessions_leaked"] == 0
+    assert summary["turns_regenerated"] <= summary["rollouts_restored"]
+    assert summary["transcripts_sha256"] == reference
