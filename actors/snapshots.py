@@ -152,11 +152,19 @@ class SnapshotMetrics:
     rollouts_restored: int = 0
 
     def pause_summary(self) -> dict[str, float]:
-        if not self.pause_ms:
-            return {"p50": 0.0, "p95": 0.0, "max": 0.0}
-        ordered = sorted(self.pause_ms)
-        q = statistics.quantiles(ordered, n=100) if len(ordered) > 1 else [ordered[0]] * 99
-        return {"p50": round(q[49], 3), "p95": round(q[94], 3), "max": round(ordered[-1], 3)}
+        return percentiles(self.pause_ms)
+
+    def phases_summary(self) -> dict[str, float]:
+        """The median duration of each save step, in milliseconds."""
+        return {step: percentiles(values)["p50"] for step, values in self.phases_ms.items()}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=100, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 99
+    return {"p50": round(q[49], 3), "p95": round(q[94], 3), "max": round(ordered[-1], 3)}
 
 
 class SnapshotCoordinator:
@@ -309,11 +317,12 @@ class SnapshotCoordinator:
                 state["parked"] += reply.parked
                 state["boundaries"] += reply.boundaries_passed
                 state["restarts"].update((r.rollout_id, r.attempt) for r in reply.restarts)
-        # One lease renewal for the rest of the save, in case preparing took most of the deadline.
-        renewed = time.time() + self.config.prepare_timeout_s
-        state["deadline"] = renewed
-        for stage in stages:
-            await self._ask(stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew")
+        # Renew the leases once if preparing used more than half of the deadline.
+        if state["deadline"] - time.time() < self.config.prepare_timeout_s / 2:
+            renewed = time.time() + self.config.prepare_timeout_s
+            state["deadline"] = renewed
+            for stage in stages:
+                await self._ask(stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew")
 
     async def _step_commit(self, stages: tuple[str, ...], state: dict[str, Any]) -> None:
         cid, deadline, location = state["cid"], state["deadline"], state["tmp"].name
@@ -494,22 +503,25 @@ class SnapshotCoordinator:
         await self.resume_all(state["cid"], stages)
 
     async def resume_all(self, cid: str, stages: tuple[str, ...]) -> None:
-        """Resume every participant under the same id; one that does not answer is
-        ``published_release_pending`` and is asked again (same id, idempotent) until it answers."""
+        """Resume every participant under the same id, stage by stage (a stage's members at once); one
+        that does not answer is ``published_release_pending`` and is asked again (same id,
+        idempotent) until it answers."""
         for stage in stages:
-            for address in self.addresses(stage):
-                for attempt in range(RESUME_RETRIES):
-                    try:
-                        reply = await self.controller.client.request(
-                            address, Resume(checkpoint_id=cid, deadline=time.time() + 5)
-                        )
-                        if not isinstance(reply, Error):
-                            break
-                    except BrokerError:
-                        pass
-                    self.controller.counts["release_pending"] += 1
-                    log.warning("published_release_pending", participant=address, attempt=attempt + 1)
-                    await asyncio.sleep(0.2 * (attempt + 1))
+            await asyncio.gather(*(self._resume_one(address, cid) for address in self.addresses(stage)))
+
+    async def _resume_one(self, address: str, cid: str) -> None:
+        for attempt in range(RESUME_RETRIES):
+            try:
+                reply = await self.controller.client.request(
+                    address, Resume(checkpoint_id=cid, deadline=time.time() + 5)
+                )
+                if not isinstance(reply, Error):
+                    return
+            except BrokerError:
+                pass
+            self.controller.counts["release_pending"] += 1
+            log.warning("published_release_pending", participant=address, attempt=attempt + 1)
+            await asyncio.sleep(0.2 * (attempt + 1))
 
     async def _step_open_gate(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
         self.controller.gate_open = True
