@@ -25,7 +25,7 @@ import msgspec
 from parkway.actors.client import Client
 from parkway.actors.config import ConfigError
 from parkway.actors.config import load as load_config
-from parkway.actors.controller import RunSummary
+from parkway.actors.controller import RunSummary, SetupError
 from parkway.actors.logs import configure_logging
 from parkway.actors.roles import DEFAULT_TOPOLOGY, ROLES
 from parkway.actors.service import build_actor, serve
@@ -261,7 +261,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 broker, settings.secret, config, tasks, embedded=embedded, state_root=settings.state_root
             )
 
-    summary = asyncio.run(go())
+    try:
+        summary = asyncio.run(go())
+    except SetupError as exc:
+        print(f"parkway: setup: {exc}", file=sys.stderr)
+        return 2
     fields = msgspec.structs.asdict(summary)
     if args.json:
         _print_json(fields)

@@ -31,7 +31,9 @@ from parkway.protocol.messages import (
     Ack,
     AttemptRef,
     CanonicalRows,
+    Capabilities,
     Completed,
+    Discover,
     EpisodeRef,
     Error,
     Failed,
@@ -47,6 +49,10 @@ from parkway.protocol.snapshot import SnapshotFailure
 log = structlog.get_logger("parkway.controller")
 
 ACK_FLUSH_S = 0.01
+
+
+class SetupError(Exception):
+    """The cluster does not fit the configuration; the message names what does not."""
 
 
 class SimulatedCrash(Exception):
@@ -118,6 +124,7 @@ class Controller(Actor):
         self._trainer: Trainer | None = None
         self.snapshots: SnapshotCoordinator | None = None
         self.fenced_at_restore: list[AttemptRef] = []
+        self.restart_only: set[str] = set()  # participants that cannot save a rollout mid-way
 
     # -- receipts ------------------------------------------------------------------------------
     async def on_completed(self, receipt: Completed) -> None:
@@ -253,6 +260,7 @@ class Controller(Actor):
         self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
         expected = len(tasks) * config.rollout.group_size
         await self.wait_for_cluster(config)
+        await self.check_restart_only(config)
         self.snapshots = (
             SnapshotCoordinator(self, config, snapshot_root) if snapshot_root is not None else None
         )
@@ -367,8 +375,14 @@ class Controller(Actor):
         self.fenced_at_restore = []
         for rollout, attempt in sorted(ledger.dispatched()):
             self.fenced_at_restore.append(AttemptRef(rollout_id=rollout, attempt=attempt))
+            replica = ledger.sibling(rollout).current.replica or 0
+            depends_on = {
+                actor_address("agent", replica),
+                actor_address("resources", replica % self._config.topology.resources),
+            }
+            keeps_turns = keep_turns and not depends_on & self.restart_only  # restart-only: from the prompt
             fresh = ledger.restart_after_restore(
-                rollout, continue_saved=keep_turns and (rollout, attempt) in saved_episodes
+                rollout, continue_saved=keeps_turns and (rollout, attempt) in saved_episodes
             )
             self.counts["attempts_restarted"] += 1
             if fresh.continue_from is not None:
@@ -400,6 +414,39 @@ class Controller(Actor):
                 raise TimeoutError(f"no answer from {', '.join(missing)} within {timeout:.0f}s")
             if missing:
                 await asyncio.sleep(0.5)
+
+    async def check_restart_only(self, config: RunConfig) -> None:
+        """Restart-only participants cannot save a rollout mid-way. At ``turn``/``prefix`` that fails
+        setup unless ``recovery.allow_restart_only``; then it is a warning, and their rollouts restart
+        from the prompt after a crash (``sibling`` behaviour). Either way, every one is named."""
+        restart_only = []
+        for address in self.participant_addresses(config):
+            reply = await self.client.request(
+                address, Discover(checkpoint_id=f"setup-{time.monotonic_ns()}", deadline=time.time() + 10)
+            )
+            if isinstance(reply, Capabilities) and reply.restart_only:
+                restart_only.append(address)
+        self.restart_only = set(restart_only)
+        recovery = config.recovery
+        if recovery.target_level not in ("turn", "prefix"):
+            return
+        if restart_only and not recovery.allow_restart_only:
+            raise SetupError(
+                f"restart-only participants cannot keep turns at recovery.target_level {recovery.target_level}: "
+                f"{', '.join(restart_only)}; set recovery.allow_restart_only: true to restart their rollouts "
+                "from the prompt instead"
+            )
+        if restart_only:
+            log.warning(
+                "restart_only_participants",
+                participants=restart_only,
+                effect="their rollouts restart from the prompt after a crash",
+            )
+        elif recovery.allow_restart_only:
+            log.warning(
+                "restart_only_allowed_but_none",
+                detail="recovery.allow_restart_only is true but no participant is restart-only",
+            )
 
     @staticmethod
     def participant_addresses(config: RunConfig) -> list[str]:

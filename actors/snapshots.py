@@ -418,8 +418,10 @@ class SnapshotCoordinator:
         )
 
     async def _step_validate(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
-        dispatched = self.controller.ledger.dispatched() - state["restarts"]
-        mismatch = episode_mismatch(state["episodes"], dispatched)
+        restarts = state["restarts"]  # restart-only participants' rollouts: not kept, not compared
+        mismatch = episode_mismatch(
+            state["episodes"] - restarts, self.controller.ledger.dispatched() - restarts
+        )
         if mismatch:
             raise SnapshotFailure(
                 "validate", f"saved episodes differ from the ledger: {mismatch}", transient=False
@@ -571,10 +573,11 @@ class SnapshotCoordinator:
             ledger = Ledger.load(record["ledger"])
             saved = {(r, a) for r, a in manifest["episodes"]}
             restarts = {(r, a) for r, a in manifest["restarts"]}
-            mismatch = episode_mismatch(saved, ledger.dispatched() - restarts)
+            mismatch = episode_mismatch(saved - restarts, ledger.dispatched() - restarts)
             if mismatch:
                 raise SnapshotInvalid(f"{path.name}: saved episodes differ from its ledger: {mismatch}")
-            continued = self.controller.adopt(ledger, record["controller"], saved_episodes=saved)
+            # Rollouts a restart-only participant could not save restart from their prompt.
+            continued = self.controller.adopt(ledger, record["controller"], saved_episodes=saved - restarts)
             scope, epoch = tuple(continued), self.controller.epoch
             # Agents first: they stop whatever the fresh processes picked up from the dead cluster's
             # queues; then the attempts the snapshot had running are fenced everywhere; TQ last, so

@@ -1,0 +1,114 @@
+"""The NeMo review findings that must be impossible here, one test each (the reference's section 7).
+
+Findings covered elsewhere: a row waiting behind the closed gate is not running
+(``tests/protocol/test_ledger.py``), one failed row does not end its group's stream
+(``test_workload.py``), a lost resume costs seconds (``test_participant.py``), a crash test that passes
+although the episode started over (``tests/integration/test_crash_recovery.py`` asserts how many
+rollouts continued and how few turns were generated again).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from parkway.actors.agent import Agent
+from parkway.actors.config import from_dict
+from parkway.actors.controller import RunSummary, SetupError, SimulatedCrash
+from parkway.actors.participant import ParkReport
+from parkway.actors.tasks import load_tasks
+from parkway.actors.workload import run_workload
+from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.snapshot import episode_mismatch
+
+from tests.actors.helpers import SECRET
+
+BASE = {
+    "run": "findings",
+    "seed": 5,
+    "policy": {"host": "inline", "per_token_delay_s": 0.0003},
+    "tasks": {"builtin": "bank", "limit": 2},
+    "rollout": {"group_size": 3, "max_turns": 5},
+    "snapshot_interval_s": 0.03,
+}
+
+
+async def run(state: Path, *, stop_after: int | None = None, **overrides: object) -> RunSummary:
+    config = from_dict({**BASE, **overrides})
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        return await run_workload(
+            broker,
+            SECRET,
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=state,
+            stop_after_snapshots=stop_after,
+        )
+
+
+async def test_restart_only_servers_fail_setup_by_name(tmp_path: Path) -> None:
+    with pytest.raises(SetupError) as info:
+        await run(tmp_path, resources={"mode": "restart_only"})
+    assert "resources/0, resources/1" in str(info.value) and "allow_restart_only" in str(info.value)
+
+
+async def test_restart_only_servers_never_stall_a_snapshot(tmp_path: Path) -> None:
+    # NeMo #4500-1: a restart-only server made every prepare time out. Here it reports its live
+    # rollouts as restarts, the snapshot publishes, and after a crash those rollouts restart from the
+    # prompt (sibling behaviour) while the run still completes.
+    overrides = {"resources": {"mode": "restart_only"}, "recovery": {"allow_restart_only": True}}
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, stop_after=2, **overrides)
+    resumed = await run(tmp_path, **overrides)
+    assert resumed.restores == 1 and resumed.snapshots_failed == 0
+    assert resumed.rollouts_restored == 0  # nothing continued: the tool state was not saved
+    assert resumed.rollouts_sealed == 6 and resumed.mean_reward == 1.0
+
+
+async def test_a_transient_participant_error_is_retried_not_fatal(tmp_path: Path, monkeypatch) -> None:
+    # NeMo #4266-1: an HTTP 500 from a participant during a periodic snapshot ended the run.
+    failures = {"left": 2}
+    original = Agent.wait_until_parked
+
+    async def flaky(self: Agent) -> ParkReport:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "injected 500")
+        return await original(self)
+
+    monkeypatch.setattr(Agent, "wait_until_parked", flaky)
+    summary = await run(tmp_path)
+    assert summary.snapshots_failed >= 1 and summary.snapshots_published >= 1
+    assert summary.rollouts_sealed == 6
+
+
+async def test_three_transient_failures_in_a_row_end_the_run_with_the_reason(
+    tmp_path: Path, monkeypatch
+) -> None:
+    async def always(self: Agent) -> ParkReport:
+        raise ProtocolError(ErrorCode.UNAVAILABLE, "injected 500")
+
+    monkeypatch.setattr(Agent, "wait_until_parked", always)
+    with pytest.raises(RuntimeError) as info:
+        await run(tmp_path, policy={"host": "inline", "per_token_delay_s": 0.002})
+    assert "3 snapshots failed in a row" in str(info.value) and "injected 500" in str(info.value)
+
+
+async def test_prompt_group_does_not_deadlock_snapshots(tmp_path: Path) -> None:
+    # NeMo #4266-2: a finished sibling's ACK waited for its whole group while prepare waited for the ACK.
+    summary = await run(
+        tmp_path, recovery={"default_granularity": "prompt_group"}, faults={"fail_attempts": ["t0000_g1@0:2"]}
+    )
+    assert summary.snapshots_published >= 1 and summary.snapshots_failed == 0
+    assert summary.rollouts_sealed == 6 and summary.rollouts_redone == 3
+
+
+def test_a_mismatch_names_the_differing_episodes() -> None:
+    # NeMo #4500-9: the mismatch error did not say which episodes differed.
+    message = episode_mismatch({("a_g0", 0), ("a_g2", 1)}, {("a_g0", 0), ("a_g1", 0)})
+    assert message == "dispatched but not saved: a_g1@0; saved but not dispatched: a_g2@1"
+    assert episode_mismatch({("x", 0)}, {("x", 0)}) is None
+    many = episode_mismatch(set(), {(f"r{i}", 0) for i in range(30)}, limit=3)
+    assert many is not None and many.endswith("and 27 more")
