@@ -287,6 +287,12 @@ class Agent(Participant):
     async def _at_boundary(self, live: LiveRollout) -> None:
         self.counts["boundaries"] += 1
         live.mark = (len(live.model), len(live.tools), live.mark[2] + 1)
+        hold = live.run.task.get("hold_at_turn")
+        if hold == len(live.model) and live.run.attempt == 0:
+            # A demo's hold (``parkway demo``): stay parked here until the cluster goes away.
+            self.counts["held_at_boundary"] += 1
+            self._set_state(live, AT_BOUNDARY)
+            await asyncio.Event().wait()
         if not self._released.is_set():
             self._set_state(live, AT_BOUNDARY)
             await self._released.wait()

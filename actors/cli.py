@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="warning", help="log level of the actors' JSON lines on stderr")
     p.set_defaults(func=_cmd_run)
 
+    p = sub.add_parser(
+        "demo", help="the seed pages' example, really run: turns thrown away under sibling vs turn"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_demo)
+
     p = sub.add_parser("publish", help="send one signed control command and print the reply")
     common(p)
     p.add_argument("command", choices=sorted(COMMANDS))
@@ -275,6 +281,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"{key:<{width}}  {value}")
     complete = summary.rollouts_sealed + summary.rollouts_failed == summary.rollouts_expected
     return 0 if complete and summary.rollouts_failed == 0 else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from parkway.actors.demo import run_demo, table
+
+    configure_logging(level="warning")
+    results = asyncio.run(run_demo())
+    if args.json:
+        _print_json(
+            [
+                {
+                    "level": r.level,
+                    "turns_at_snapshot": r.turns_at_snapshot,
+                    "turns_regenerated": r.turns_regenerated,
+                    "turns_thrown_away": r.thrown_away,
+                    "rollouts_sealed": r.rollouts_sealed,
+                }
+                for r in results
+            ]
+        )
+    else:
+        print(table(results))
+    return 0
 
 
 def _parse_fields(items: list[str]) -> dict[str, Any]:

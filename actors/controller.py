@@ -125,6 +125,7 @@ class Controller(Actor):
         self.snapshots: SnapshotCoordinator | None = None
         self.fenced_at_restore: list[AttemptRef] = []
         self.restart_only: set[str] = set()  # participants that cannot save a rollout mid-way
+        self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
 
     # -- receipts ------------------------------------------------------------------------------
     async def on_completed(self, receipt: Completed) -> None:
@@ -513,6 +514,8 @@ class Controller(Actor):
             options["fail_at_turn"] = fail_at
         if continue_from is not None:
             options["continue_from"] = continue_from
+        if rollout in self.holds:
+            options["hold_at_turn"] = self.holds[rollout]
         return options
 
     async def _train_ready(self, trainer: Trainer) -> None:
