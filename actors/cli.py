@@ -37,7 +37,7 @@ from parkway.brokers.urls import redact_url
 from parkway.protocol import SCHEMA_VERSION, codec
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import actor_address, new_checkpoint_id, parse_address, validate_checkpoint_id
-from parkway.protocol.messages import CONTROL_COMMANDS, Error, Probe, Status, StatusReport
+from parkway.protocol.messages import CONTROL_COMMANDS, Error, Probe, Snapshot, Status, StatusReport
 from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
 
 COMMANDS = {cls.__name__.lower(): cls for cls in CONTROL_COMMANDS}
@@ -102,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("snapshot", help="ask the controller of a running workload to take a snapshot now")
+    common(p)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.set_defaults(func=_cmd_snapshot)
 
     p = sub.add_parser("publish", help="send one signed control command and print the reply")
     common(p)
@@ -281,6 +286,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"{key:<{width}}  {value}")
     complete = summary.rollouts_sealed + summary.rollouts_failed == summary.rollouts_expected
     return 0 if complete and summary.rollouts_failed == 0 else 1
+
+
+def _cmd_snapshot(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    request = Snapshot(checkpoint_id=new_checkpoint_id("snap"), deadline=time.time() + args.timeout)
+
+    async def go() -> int:
+        async with connect(settings.broker_url, settings.run) as broker:
+            client = Client(broker, secret=settings.secret, sender=_cli_sender())
+            try:
+                reply = await client.request("controller/0", request)
+            except RequestTimeout:
+                _print_json({"type": "Timeout", "to": "controller/0"})
+                return 4
+        _print_json(codec.to_builtins(reply))
+        return 1 if isinstance(reply, Error) else 0
+
+    return asyncio.run(go())
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

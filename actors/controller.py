@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -24,7 +25,7 @@ from parkway.actors.snapshots import SnapshotCoordinator, SnapshotMetrics
 from parkway.actors.tasks import Task
 from parkway.actors.trainer import ExampleTrainer, GroupResult, Trainer
 from parkway.brokers.base import BrokerError
-from parkway.protocol.errors import ProtocolError
+from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.ids import actor_address, capture_key
 from parkway.protocol.ledger import AttemptState, Granularity, Ledger, SealOutcome
 from parkway.protocol.messages import (
@@ -38,9 +39,12 @@ from parkway.protocol.messages import (
     Error,
     Failed,
     FetchRows,
+    Message,
     Retire,
     Run,
     SealRows,
+    Snapshot,
+    SnapshotTaken,
     Status,
     StatusReport,
 )
@@ -109,7 +113,10 @@ class Controller(Actor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.handlers.update({Completed: self.on_completed, Failed: self.on_failed})
+        self.handlers.update(
+            {Completed: self.on_completed, Failed: self.on_failed, Snapshot: self.on_snapshot}
+        )
+        self._snapshot_lock = asyncio.Lock()  # one save at a time: periodic or asked for
         self.ledger = Ledger()
         self.gate_open = True
         self.policy_version = 0
@@ -320,7 +327,8 @@ class Controller(Actor):
         if stop_after is not None and self.snapshots.metrics.published + 1 == stop_after:
             self.snapshots.on_published = self._crash_now
         try:
-            return await self.snapshots.save()
+            async with self._snapshot_lock:
+                return await self.snapshots.save()
         except SnapshotFailure as failure:
             if not failure.transient:
                 raise RuntimeError(
@@ -332,6 +340,24 @@ class Controller(Actor):
                     f"{failure.step}: {failure.detail}"
                 ) from failure
             return None
+
+    async def on_snapshot(self, request: Snapshot) -> Message:
+        """``parkway snapshot``: one snapshot now, answered with what was published."""
+        if self.snapshots is None or self._config is None:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, "no workload with snapshots is running on this controller"
+            )
+        try:
+            async with self._snapshot_lock:
+                path = await self.snapshots.save()
+        except SnapshotFailure as failure:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"snapshot failed at {failure.step}: {failure.detail}"
+            ) from None
+        if path is None:
+            return SnapshotTaken(snapshot="", skipped=True)
+        manifest = json.loads((path / "manifest.json").read_text())
+        return SnapshotTaken(snapshot=path.name, checkpoint_id=manifest["checkpoint_id"])
 
     @staticmethod
     def _crash_now(path: Path) -> None:

@@ -165,6 +165,13 @@ class Probe(ControlCommand, frozen=True, kw_only=True):
             raise ValueError(f"work_s {self.work_s} is outside [0, 3600]")
 
 
+class Snapshot(ControlCommand, frozen=True, kw_only=True):
+    """Ask the controller of a running workload to take a snapshot now (``parkway snapshot``).
+
+    The checkpoint id here names the request; the snapshot gets its own id, in the reply.
+    """
+
+
 CONTROL_COMMANDS: tuple[type[ControlCommand], ...] = (
     Discover,
     Status,
@@ -177,6 +184,7 @@ CONTROL_COMMANDS: tuple[type[ControlCommand], ...] = (
     Retire,
     Forget,
     Probe,
+    Snapshot,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +239,12 @@ class Committed(Message, frozen=True, kw_only=True):
 class Restored(Message, frozen=True, kw_only=True):
     checkpoint_id: str
     rollouts: tuple[AttemptRef, ...] = ()
+
+
+class SnapshotTaken(Message, frozen=True, kw_only=True):
+    snapshot: str  # snapshot_<seq>, or "" when skipped (nothing new since the last one)
+    checkpoint_id: str = ""
+    skipped: bool = False
 
 
 class ProbeResult(Message, frozen=True, kw_only=True):
@@ -392,6 +406,7 @@ AnyMessage = (
     | Retire
     | Forget
     | Probe
+    | Snapshot
     | Error
     | Ok
     | Capabilities
@@ -400,6 +415,7 @@ AnyMessage = (
     | Committed
     | Restored
     | ProbeResult
+    | SnapshotTaken
     | Run
     | Generate
     | Generated

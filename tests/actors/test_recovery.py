@@ -80,3 +80,31 @@ async def test_a_crash_after_a_snapshot_continues_from_the_last_boundary(tmp_pat
         assert resumed.rollouts_restored == 0
         assert resumed.turns_regenerated > resumed.rollouts_restored  # sibling: saved turns thrown away
         assert resumed.transcripts_sha256 == reference.transcripts_sha256  # same seeds, same tokens anyway
+
+
+async def test_a_snapshot_on_demand(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    from parkway.actors.client import Client
+    from parkway.protocol.messages import Snapshot, SnapshotTaken
+
+    config = from_dict(
+        {**BASE, "snapshot_interval_s": 3600.0, "policy": {"host": "inline", "per_token_delay_s": 0.002}}
+    )
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        workload = asyncio.ensure_future(
+            run_workload(broker, SECRET, config, load_tasks(config.tasks), embedded=True, state_root=tmp_path)
+        )
+        client = Client(broker, secret=SECRET, sender="cli/1")
+        reply = None
+        for _ in range(200):  # the controller answers once its workload is running
+            reply = await client.request(
+                "controller/0", Snapshot(checkpoint_id="ask-1", deadline=time.time() + 30)
+            )
+            if isinstance(reply, SnapshotTaken):
+                break
+            await asyncio.sleep(0.05)
+        summary = await workload
+    assert isinstance(reply, SnapshotTaken) and reply.snapshot == "snapshot_1" and not reply.skipped
+    assert summary.snapshots_published == 1 and summary.rollouts_sealed == 9

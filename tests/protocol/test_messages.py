@@ -27,6 +27,8 @@ EXAMPLES: list[m.Message] = [
     m.Retire(checkpoint_id="ck-1", deadline=NOW, attempts=(ATTEMPT,)),
     m.Forget(checkpoint_id="ck-1", deadline=NOW, attempts=(ATTEMPT,)),
     m.Probe(checkpoint_id="p-1", deadline=NOW, work_s=0.5, note="hello"),
+    m.Snapshot(checkpoint_id="snap-req-1", deadline=NOW),
+    m.SnapshotTaken(snapshot="snapshot_3", checkpoint_id="ck-3"),
     m.Error(code=ErrorCode.STALE_CHECKPOINT, detail="ended", retryable=False),
     m.Ok(detail="resumed"),
     m.Capabilities(role="resources", replica=1, mode="restart_only", restart_only=True, features=("x",)),
