@@ -582,28 +582,53 @@ class SnapshotCoordinator:
             # Agents first: they stop whatever the fresh processes picked up from the dead cluster's
             # queues; then the attempts the snapshot had running are fenced everywhere; TQ last, so
             # nothing generated before the fence survives in it.
-            for stage in ("agent", "policy", "resources"):
+            try:
+                for stage in ("agent", "policy", "resources"):
+                    await self._ask(
+                        stage,
+                        lambda _a: Restore(
+                            checkpoint_id=rid,
+                            deadline=deadline,
+                            location=path.name,
+                            episodes=scope,
+                            epoch=epoch,
+                        ),
+                        "restore",
+                    )
+                    self.controller.faults.reach(f"after_restore_{stage}")
+                fence = tuple(self.controller.fenced_at_restore)
+                for stage in ("agent", "policy", "resources"):
+                    await self._ask(
+                        stage,
+                        lambda _a: Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence),
+                        "fence",
+                    )
                 await self._ask(
-                    stage,
-                    lambda _a: Restore(
-                        checkpoint_id=rid, deadline=deadline, location=path.name, episodes=scope, epoch=epoch
+                    "tq",
+                    lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name, epoch=epoch),
+                    "restore_tq",
+                )
+                self.controller.faults.reach("after_restore_tq")
+            except SnapshotFailure as failure:
+                # One owner cleans up a failed restore: this controller aborts the restore id everywhere,
+                # once; nobody else resumes anything (NeMo resumed twice here).
+                log.error("restore_failed", step=failure.step, detail=failure.detail)
+                targets = [a for role in ("agent", "policy", "resources", "tq") for a in self.addresses(role)]
+                await asyncio.gather(
+                    *(
+                        self.controller.client.request(
+                            a,
+                            Abort(
+                                checkpoint_id=rid,
+                                deadline=time.time() + 5,
+                                reason=f"restore failed: {failure}",
+                            ),
+                        )
+                        for a in targets
                     ),
-                    "restore",
+                    return_exceptions=True,
                 )
-                self.controller.faults.reach(f"after_restore_{stage}")
-            fence = tuple(self.controller.fenced_at_restore)
-            for stage in ("agent", "policy", "resources"):
-                await self._ask(
-                    stage,
-                    lambda _a: Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence),
-                    "fence",
-                )
-            await self._ask(
-                "tq",
-                lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name, epoch=epoch),
-                "restore_tq",
-            )
-            self.controller.faults.reach("after_restore_tq")
+                raise
             await self.resume_all(rid, ("resources", "policy", "agent", "tq"))  # once, by this owner only
             self.metrics.restores += 1
             self.metrics.rollouts_restored += len(scope)

@@ -112,3 +112,36 @@ def test_a_mismatch_names_the_differing_episodes() -> None:
     assert episode_mismatch({("x", 0)}, {("x", 0)}) is None
     many = episode_mismatch(set(), {(f"r{i}", 0) for i in range(30)}, limit=3)
     assert many is not None and many.endswith("and 27 more")
+
+
+async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, monkeypatch) -> None:
+    # NeMo #4500-10: a failed restore resumed participants twice (Gym and RL both cleaned up).
+    from parkway.actors.participant import Participant
+    from parkway.actors.resources import Resources
+    from parkway.protocol.messages import Abort, Resume
+
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, stop_after=2)
+
+    async def broken(self: Resources, directory: Path, command: object) -> tuple:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "sessions file unreadable")
+
+    seen: list[tuple[str, str]] = []
+    on_abort, on_resume = Participant.on_abort, Participant.on_resume
+
+    async def count_abort(self: Participant, command: Abort):  # noqa: ANN202
+        seen.append((self.address, "abort"))
+        return await on_abort(self, command)
+
+    async def count_resume(self: Participant, command: Resume):  # noqa: ANN202
+        seen.append((self.address, "resume"))
+        return await on_resume(self, command)
+
+    monkeypatch.setattr(Resources, "install_snapshot", broken)
+    monkeypatch.setattr(Participant, "on_abort", count_abort)
+    monkeypatch.setattr(Participant, "on_resume", count_resume)
+    with pytest.raises(Exception, match="sessions file unreadable"):
+        await run(tmp_path)
+    assert not [s for s in seen if s[1] == "resume"]  # nothing resumed a failed restore
+    aborts = sorted(a for a, kind in seen if kind == "abort")
+    assert aborts == sorted(set(aborts)) and "agent/0" in aborts  # each participant aborted exactly once
