@@ -132,6 +132,7 @@ class Controller(Actor):
         self.snapshots: SnapshotCoordinator | None = None
         self.fenced_at_restore: list[AttemptRef] = []
         self.restart_only: set[str] = set()  # participants that cannot save a rollout mid-way
+        self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
 
     # -- receipts ------------------------------------------------------------------------------
@@ -282,6 +283,7 @@ class Controller(Actor):
         loop = asyncio.get_running_loop()
         background = [loop.create_task(self._ack_loop())]
         crash: asyncio.Future[None] = loop.create_future()
+        background.append(loop.create_task(self._watch_agents(config, crash)))
         if self.snapshots is not None:
             background.append(loop.create_task(self._snapshot_loop(config, stop_after_snapshots, crash)))
         try:
@@ -363,6 +365,51 @@ class Controller(Actor):
     def _crash_now(path: Path) -> None:
         raise SimulatedCrash(f"stopped right after publishing {path.name}")
 
+    async def _watch_agents(
+        self, config: RunConfig, crash: asyncio.Future[None], every_s: float = 1.0
+    ) -> None:
+        """An agent replica that comes back as a new process lost the rollouts it was running: they get a
+        new attempt from their prompt on that replica (its tool sessions move to the new attempt)."""
+        try:
+            while True:
+                await asyncio.sleep(every_s)
+                for replica in range(config.topology.agents):
+                    address = actor_address("agent", replica)
+                    try:
+                        reply = await self.client.request(
+                            address,
+                            Status(checkpoint_id=f"alive-{time.monotonic_ns()}", deadline=time.time() + 2),
+                        )
+                    except BrokerError:
+                        continue  # down, or busy: asked again next round
+                    if isinstance(reply, StatusReport):
+                        self.observe(address, reply)
+        except Exception as exc:
+            if not crash.done():
+                crash.set_exception(exc)
+
+    def observe(self, address: str, report: StatusReport) -> bool:
+        """Note an agent's incarnation; True (and its rollouts restarted) when it is a new process."""
+        incarnation = (report.pid, report.started_at)
+        if self._incarnations.setdefault(address, incarnation) == incarnation or report.role != "agent":
+            return False
+        self._incarnations[address] = incarnation
+        self._replica_restarted(report.replica)
+        return True
+
+    def _replica_restarted(self, replica: int) -> None:
+        lost = [
+            s.rollout_id
+            for g in self.ledger.groups.values()
+            for s in g.siblings
+            if s.current.state is AttemptState.DISPATCHED and s.current.replica == replica
+        ]
+        for rollout in lost:
+            self.ledger.restart_after_restore(rollout, continue_saved=False)
+        self.counts["attempts_lost_with_replica"] += len(lost)
+        log.warning("agent_replica_restarted", replica=replica, rollouts_restarted=len(lost))
+        self._wake.set()
+
     async def retire_pending(self) -> None:
         """Stop attempts given up on that may still run on an agent."""
         pending = tuple(
@@ -432,7 +479,9 @@ class Controller(Actor):
                         address,
                         Status(checkpoint_id=f"hello-{time.monotonic_ns()}", deadline=time.time() + 2),
                     )
-                    if not isinstance(reply, StatusReport):
+                    if isinstance(reply, StatusReport):
+                        self._incarnations[address] = (reply.pid, reply.started_at)
+                    else:
                         still.append(address)
                 except (BrokerError, ProtocolError):
                     still.append(address)

@@ -146,6 +146,7 @@ class Participant(Actor):
 
     # -- command handlers ----------------------------------------------------------------------
     async def on_prepare(self, command: Prepare) -> Message:
+        self.faults.reach("participant_prepare", self.role)  # crash tests: die in the middle of a prepare
         cid = command.checkpoint_id
         retry = self.phases.checkpoint_id == cid and self.phases.phase in (Phase.PREPARING, Phase.PREPARED)
         if not retry:

@@ -222,6 +222,7 @@ class SnapshotCoordinator:
             )
             if isinstance(reply, StatusReport):
                 boundaries += reply.counts.get("boundaries", 0)
+                self.controller.observe(address, reply)
         counts = self.controller.counts
         return (
             boundaries,
@@ -418,6 +419,12 @@ class SnapshotCoordinator:
         )
 
     async def _step_validate(self, _: tuple[str, ...], state: dict[str, Any]) -> None:
+        for address in self.addresses("agent"):  # an agent that died and came back lost its rollouts
+            reply = await self._request(
+                address, Status(checkpoint_id=new_checkpoint_id("alive"), deadline=time.time() + 5)
+            )
+            if isinstance(reply, StatusReport) and self.controller.observe(address, reply):
+                raise SnapshotFailure("validate", f"{address} restarted during the snapshot", transient=True)
         restarts = state["restarts"]  # restart-only participants' rollouts: not kept, not compared
         mismatch = episode_mismatch(
             state["episodes"] - restarts, self.controller.ledger.dispatched() - restarts

@@ -129,11 +129,11 @@ async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, 
     seen: list[tuple[str, str]] = []
     on_abort, on_resume = Participant.on_abort, Participant.on_resume
 
-    async def count_abort(self: Participant, command: Abort):  # noqa: ANN202
+    async def count_abort(self: Participant, command: Abort):
         seen.append((self.address, "abort"))
         return await on_abort(self, command)
 
-    async def count_resume(self: Participant, command: Resume):  # noqa: ANN202
+    async def count_resume(self: Participant, command: Resume):
         seen.append((self.address, "resume"))
         return await on_resume(self, command)
 

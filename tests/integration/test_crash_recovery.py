@@ -163,3 +163,45 @@ async def test_the_whole_cluster_killed_during_a_restore(spawn, client, amqp_url
     assert summary["mean_reward"] == 1.0 and summary["sessions_leaked"] == 0
     assert summary["turns_regenerated"] <= summary["rollouts_restored"]
     assert summary["transcripts_sha256"] == reference
+
+
+async def test_one_agent_replica_killed_mid_prepare(spawn, client, amqp_url, run_name, tmp_path) -> None:
+    # The snapshot it dies in is aborted under its id (the previous one stays authoritative), the replica
+    # comes back as a new process, the controller sees the new incarnation and restarts the rollouts it
+    # lost, and the run finishes.
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(CONFIG.replace("prepare_timeout_s: 10", "prepare_timeout_s: 2"))
+    state = tmp_path / "state"
+    actors = {}
+    for role, replica in ROLES:
+        env = {"PARKWAY_FAULTS": "participant_prepare:agent@2"} if (role, replica) == ("agent", 1) else {}
+        actors[(role, replica)] = spawn(role, replica, args=("--config", str(config_path)), **env)
+    for actor in actors.values():
+        await wait_ready(client, actor, timeout=60)
+    driver = start_driver(config_path, run_name, state, amqp_url)
+    doomed = actors[("agent", 1)]
+    assert await asyncio.to_thread(doomed.wait, 120) == -signal.SIGKILL  # died inside its second prepare
+
+    def read_until_aborted() -> list[str]:
+        assert driver.stderr is not None
+        lines = []
+        for line in driver.stderr:
+            lines.append(line)
+            if '"snapshot_aborted"' in line:
+                return lines
+        raise AssertionError("the driver ended without aborting the snapshot:\n" + "".join(lines[-20:]))
+
+    aborted = await asyncio.to_thread(read_until_aborted)
+    cid = json.loads(aborted[-1])["checkpoint_id"]
+    run_dir = state / "snapshots" / run_name
+    published = sorted(run_dir.glob("snapshot_*"))
+    assert published, "the snapshot before the crash was published and stays"
+    assert json.loads((published[-1] / "manifest.json").read_text())["checkpoint_id"] != cid
+    spawn("agent", 1, args=("--config", str(config_path)))  # the replica restarts
+    out, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["snapshots_failed"] >= 1 and summary["snapshots_published"] >= 2
+    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 6 and summary["rollouts_failed"] == 0
+    assert summary["mean_reward"] == 1.0 and summary["sessions_leaked"] == 0
+    assert not list(run_dir.glob("tmp_*")), "an aborted snapshot leaves no temporary directory"
