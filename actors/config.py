@@ -36,6 +36,7 @@ class RolloutConfig(_Section):
     max_attempts: int = 3  # per rollout (sibling) or per group redo (prompt_group)
     max_in_flight: int = 64  # rollouts dispatched and not finished, across all agents
     max_tokens: int = 160  # per model call (byte tokens: a tool call is about 100)
+    stall_timeout_s: float = 1800.0  # an attempt with no result after this long (not counting parked time)
 
 
 class TasksConfig(_Section):
@@ -179,6 +180,8 @@ def check(config: RunConfig) -> None:
             problems.append(f"{key}: must be >= 1, got {value}")
     if not 0.0 <= config.faults.failure_rate <= 1.0:
         problems.append(f"faults.failure_rate: must be within [0, 1], got {config.faults.failure_rate}")
+    if config.rollout.stall_timeout_s <= 0:
+        problems.append("rollout.stall_timeout_s: must be > 0")
     if config.policy.per_token_delay_s < 0:
         problems.append("policy.per_token_delay_s: must be >= 0")
     if config.snapshot_interval_s <= 0 or config.prepare_timeout_s <= 0:

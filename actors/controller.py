@@ -118,7 +118,10 @@ class Controller(Actor):
         )
         self._snapshot_lock = asyncio.Lock()  # one save at a time: periodic or asked for
         self.ledger = Ledger()
-        self.gate_open = True
+        self._gate_open = True
+        self._gate_closed_at: float | None = None
+        self._paused_total = 0.0  # seconds the admission gate was closed, for the stall watchdog
+        self._dispatched_at: dict[tuple[str, int], tuple[float, float]] = {}  # -> (monotonic, paused then)
         self.policy_version = 0
         self.epoch = 1  # this controller's incarnation: +1 per restore, stamped on every Run
         self._wake = asyncio.Event()
@@ -134,6 +137,36 @@ class Controller(Actor):
         self.restart_only: set[str] = set()  # participants that cannot save a rollout mid-way
         self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
+
+    # -- the admission gate and the stall clock ----------------------------------------------------
+    @property
+    def gate_open(self) -> bool:
+        return self._gate_open
+
+    @gate_open.setter
+    def gate_open(self, value: bool) -> None:
+        now = time.monotonic()
+        if not value and self._gate_open:
+            self._gate_closed_at = now
+        elif value and not self._gate_open and self._gate_closed_at is not None:
+            self._paused_total += now - self._gate_closed_at
+            self._gate_closed_at = None
+        self._gate_open = value
+
+    def paused_s(self) -> float:
+        """Seconds spent with the gate closed (rollouts parked), including a closure in progress."""
+        current = time.monotonic() - self._gate_closed_at if self._gate_closed_at is not None else 0.0
+        return self._paused_total + current
+
+    def stalled(self, timeout_s: float) -> list[tuple[str, int]]:
+        """Attempts running longer than ``timeout_s``, not counting the time they were parked."""
+        now, paused = time.monotonic(), self.paused_s()
+        return [
+            key
+            for key in sorted(self.ledger.dispatched())
+            if key in self._dispatched_at
+            and now - self._dispatched_at[key][0] - (paused - self._dispatched_at[key][1]) > timeout_s
+        ]
 
     # -- receipts ------------------------------------------------------------------------------
     async def on_completed(self, receipt: Completed) -> None:
@@ -161,30 +194,32 @@ class Controller(Actor):
         self._acknowledge(key)
 
     async def on_failed(self, receipt: Failed) -> None:
-        key = (receipt.rollout_id, receipt.attempt)
-        if self.ledger.knows(receipt.rollout_id):
-            plan = self.ledger.fail(
-                receipt.rollout_id, receipt.attempt, code=receipt.code, turns=receipt.turns
-            )
-            if plan.stale:
-                self.counts["receipts_stale"] += 1
-            else:
-                self.counts["attempts_failed"] += 1
-                self.counts["rollouts_redone"] += len(plan.redo)
-                self.counts["rollouts_failed"] += len(plan.given_up)
-                log.warning(
-                    "attempt_failed",
-                    rollout_id=receipt.rollout_id,
-                    attempt=receipt.attempt,
-                    code=receipt.code,
-                    redo=len(plan.redo),
-                    given_up=len(plan.given_up),
-                )
-                self.counts["attempts_abandoned"] += len(plan.retire)
-                await self._retire(plan.retire)
-        else:
+        await self._fail(receipt)
+        self._acknowledge((receipt.rollout_id, receipt.attempt))
+
+    async def _fail(self, receipt: Failed) -> None:
+        """A failed attempt, reported by its agent or found stalled: redone by its group's granularity."""
+        if not self.ledger.knows(receipt.rollout_id):
             self.counts["receipts_stale"] += 1
-        self._acknowledge(key)
+            return
+        plan = self.ledger.fail(receipt.rollout_id, receipt.attempt, code=receipt.code, turns=receipt.turns)
+        if plan.stale:
+            self.counts["receipts_stale"] += 1
+            return
+        self.counts["attempts_failed"] += 1
+        self.counts["rollouts_redone"] += len(plan.redo)
+        self.counts["rollouts_failed"] += len(plan.given_up)
+        log.warning(
+            "attempt_failed",
+            rollout_id=receipt.rollout_id,
+            attempt=receipt.attempt,
+            code=receipt.code,
+            redo=len(plan.redo),
+            given_up=len(plan.given_up),
+        )
+        self.counts["attempts_abandoned"] += len(plan.retire)
+        await self._retire(plan.retire)
+        self._wake.set()
 
     async def _seal_rows(self, receipt: Completed) -> None:
         request = SealRows(
@@ -384,9 +419,25 @@ class Controller(Actor):
                         continue  # down, or busy: asked again next round
                     if isinstance(reply, StatusReport):
                         self.observe(address, reply)
+                await self._check_stalls(config)
         except Exception as exc:
             if not crash.done():
                 crash.set_exception(exc)
+
+    async def _check_stalls(self, config: RunConfig) -> None:
+        """The stall watchdog: parked time does not count (NeMo's counted it and aborted healthy runs)."""
+        for rollout, attempt in self.stalled(config.rollout.stall_timeout_s):
+            replica = self.ledger.sibling(rollout).current.replica
+            log.warning(
+                "rollout_stalled",
+                rollout_id=rollout,
+                attempt=attempt,
+                timeout_s=config.rollout.stall_timeout_s,
+            )
+            self.counts["attempts_stalled"] += 1
+            if replica is not None:
+                await self._retire(((rollout, attempt, replica),))  # stop it where it hangs
+            await self._fail(Failed(rollout_id=rollout, attempt=attempt, code="stalled"))
 
     def observe(self, address: str, report: StatusReport) -> bool:
         """Note an agent's incarnation; True (and its rollouts restarted) when it is a new process."""
@@ -562,6 +613,7 @@ class Controller(Actor):
                 task=self._task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),
             )
             self.ledger.dispatch(sibling.rollout_id, attempt, replica)
+            self._dispatched_at[(sibling.rollout_id, attempt)] = (time.monotonic(), self.paused_s())
             self._replica_of[(sibling.rollout_id, attempt)] = replica
             self.counts["attempts_dispatched"] += 1
             in_flight += 1

@@ -145,3 +145,45 @@ async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, 
     assert not [s for s in seen if s[1] == "resume"]  # nothing resumed a failed restore
     aborts = sorted(a for a, kind in seen if kind == "abort")
     assert aborts == sorted(set(aborts)) and "agent/0" in aborts  # each participant aborted exactly once
+
+
+async def test_a_stalled_rollout_is_retried(tmp_path: Path, monkeypatch) -> None:
+    from parkway.actors.controller import Controller
+
+    task_options = Controller._task_options
+
+    def hang_one(self, config, rollout, attempt, replica, continue_from=None):
+        options = task_options(self, config, rollout, attempt, replica, continue_from)
+        if rollout == "t0000_g1":
+            options["hold_at_turn"] = 2  # its first attempt hangs at turn 2 for good
+        return options
+
+    monkeypatch.setattr(Controller, "_task_options", hang_one)
+    summary = await run(
+        tmp_path,
+        rollout={"group_size": 3, "max_turns": 5, "stall_timeout_s": 0.6},
+        snapshot_interval_s=3600.0,
+    )
+    assert summary.attempts_failed == 1 and summary.rollouts_redone == 1
+    assert summary.rollouts_sealed == 6 and summary.sessions_leaked == 0
+
+
+async def test_the_stall_watchdog_does_not_count_parked_time(tmp_path: Path, monkeypatch) -> None:
+    # NeMo #4500-5: the watchdog kept counting while rollouts were parked, aborting healthy runs.
+    import asyncio
+
+    original = Agent.wait_until_parked
+
+    async def slow_to_park(self: Agent) -> ParkReport:
+        await asyncio.sleep(0.8)  # every snapshot keeps the rollouts parked longer than the stall timeout
+        return await original(self)
+
+    monkeypatch.setattr(Agent, "wait_until_parked", slow_to_park)
+    summary = await run(
+        tmp_path,
+        rollout={"group_size": 3, "max_turns": 5, "stall_timeout_s": 0.6},
+        policy={"host": "inline", "per_token_delay_s": 0.0005},
+        snapshot_interval_s=0.05,
+    )
+    assert summary.snapshots_published >= 1 and summary.pause_ms["max"] > 600  # parked beyond the timeout
+    assert summary.attempts_failed == 0 and summary.rollouts_sealed == 6
