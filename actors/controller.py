@@ -424,6 +424,16 @@ class Controller(Actor):
             if not crash.done():
                 crash.set_exception(exc)
 
+    def _redo_groups_after_restore(self, ledger: Ledger) -> list[EpisodeRef]:
+        """``prompt_group`` level: a group with any rollout unfinished at the snapshot starts over whole."""
+        self.fenced_at_restore = [AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())]
+        groups = sorted({ledger.group_of(r).group_id for r, _ in ledger.dispatched()})
+        for group_id in groups:
+            ledger.redo_group_after_restore(group_id)
+            self.counts["rollouts_redone"] += len(ledger.groups[group_id].siblings)
+        self.counts["restores"] += 1
+        return []
+
     async def _check_stalls(self, config: RunConfig) -> None:
         """The stall watchdog: parked time does not count (NeMo's counted it and aborted healthy runs)."""
         for rollout, attempt in self.stalled(config.rollout.stall_timeout_s):
@@ -495,6 +505,8 @@ class Controller(Actor):
             self.counts[key] = value
         if isinstance(self._trainer, ExampleTrainer):
             self._trainer.policy_version = self.policy_version
+        if self._config.recovery.target_level == "prompt_group":
+            return self._redo_groups_after_restore(ledger)
         keep_turns = self._config.recovery.target_level in ("turn", "prefix")
         continued = []
         self.fenced_at_restore = []

@@ -300,6 +300,18 @@ class Ledger:
         attempt.continue_from = saved.index if continue_saved else None
         return attempt
 
+    def redo_group_after_restore(self, group_id: str) -> None:
+        """``prompt_group`` recovery: every sibling of the group starts over, sealed ones included."""
+        group = self.groups[group_id]
+        for sibling in group.siblings:
+            current = sibling.current
+            if current.state in (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALED):
+                current.move(AttemptEvent.ABANDON)
+                current.move(AttemptEvent.RETIRE)
+                replica = current.replica
+                self._new_attempt(sibling).replica = replica
+        group.redos += 1
+
     def dispatched(self) -> set[tuple[str, int]]:
         return {(s.rollout_id, a.index) for s, a in self.attempts() if a.state is AttemptState.DISPATCHED}
 

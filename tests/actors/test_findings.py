@@ -187,3 +187,27 @@ async def test_the_stall_watchdog_does_not_count_parked_time(tmp_path: Path, mon
     )
     assert summary.snapshots_published >= 1 and summary.pause_ms["max"] > 600  # parked beyond the timeout
     assert summary.attempts_failed == 0 and summary.rollouts_sealed == 6
+
+
+async def test_an_unanswered_resume_is_release_pending_and_resent_under_the_same_id(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # NeMo #4500-7: one lost resume held participants closed for the whole lease.
+    from parkway.actors.resources import Resources
+    from parkway.protocol.messages import Resume
+
+    seen: list[str] = []
+    original = Resources.on_resume
+
+    async def lose_the_first(self: Resources, command: Resume):
+        seen.append(command.checkpoint_id)
+        if seen.count(command.checkpoint_id) == 1:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "resume lost")
+        return await original(self, command)
+
+    monkeypatch.setattr(Resources, "on_resume", lose_the_first)
+    summary = await run(tmp_path)
+    assert summary.snapshots_published >= 1 and summary.snapshots_failed == 0  # published, then released
+    assert summary.rollouts_sealed == 6
+    retried = [cid for cid in set(seen) if seen.count(cid) > 1]
+    assert retried and all(cid.startswith("ck-") for cid in retried)  # the same id, sent again

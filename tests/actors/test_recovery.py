@@ -54,7 +54,7 @@ async def test_snapshots_do_not_change_what_is_generated(tmp_path: Path) -> None
     assert snapshotted.pause_ms["max"] > 0
 
 
-@pytest.mark.parametrize("level", ["turn", "sibling"])
+@pytest.mark.parametrize("level", ["turn", "sibling", "prompt_group"])
 async def test_a_crash_after_a_snapshot_continues_from_the_last_boundary(tmp_path: Path, level: str) -> None:
     reference = await run(tmp_path / "reference", snapshots=False)
     state = tmp_path / "crashy"
