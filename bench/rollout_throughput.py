@@ -9,21 +9,20 @@ local RabbitMQ, engines in Ray). Prints a table and writes ``bench/results/rollo
 
 from __future__ import annotations
 
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))  # bench/ is scripts, not a package
+
 import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from parkway.actors.config import from_dict
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import run_workload
-from parkway.brokers.memory import MemoryBroker, MemoryHub
+import cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -41,16 +40,7 @@ def workload(args: argparse.Namespace, host: str) -> dict:
 
 
 async def embedded(args: argparse.Namespace, host: str) -> dict:
-    config = from_dict(workload(args, host))
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        summary = await run_workload(
-            broker,
-            b"bench",
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=Path(tempfile.mkdtemp()),
-        )
+    summary = await cluster.embedded(workload(args, host))
     return {
         "rollouts": summary.rollouts_sealed,
         "model_calls": summary.model_calls,
@@ -61,51 +51,7 @@ async def embedded(args: argparse.Namespace, host: str) -> dict:
 
 
 def over_rabbitmq(args: argparse.Namespace) -> dict:
-    import yaml
-
-    data = workload(args, "ray")
-    state = Path(tempfile.mkdtemp(prefix="parkway-bench-"))
-    config_path = state / "run.yaml"
-    config_path.write_text(yaml.safe_dump(data))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-    env.update(
-        PARKWAY_RUN=data["run"], PARKWAY_SECRET="bench", PARKWAY_STATE_DIR=str(state), PARKWAY_BROKER_URL=URL
-    )
-    roles = [("tq", 0), ("policy", 0), ("resources", 0), ("resources", 1), ("agent", 0), ("agent", 1)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "parkway.actors.cli",
-                "actor",
-                role,
-                "--replica",
-                str(i),
-                "--config",
-                str(config_path),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-        )
-        for role, i in roles
-    ]
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "parkway.actors.cli", "run", "--config", str(config_path), "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-    summary = json.loads(result.stdout)
+    summary = cluster.over_rabbitmq(workload(args, "ray"))
     return {k: summary[k] for k in ("model_calls", "wall_s", "rollouts_per_s", "model_calls_per_s")} | {
         "rollouts": summary["rollouts_sealed"]
     }

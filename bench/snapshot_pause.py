@@ -10,22 +10,20 @@ actor its own process on the local RabbitMQ. Prints p50/p95/max and writes
 
 from __future__ import annotations
 
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))  # bench/ is scripts, not a package
+
 import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-import yaml
-from parkway.actors.config import from_dict
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import run_workload
-from parkway.brokers.memory import MemoryBroker, MemoryHub
+import cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -45,16 +43,7 @@ def workload(in_flight: int, args: argparse.Namespace) -> dict:
 
 
 async def embedded(data: dict) -> dict:
-    config = from_dict(data)
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        summary = await run_workload(
-            broker,
-            b"bench",
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=Path(tempfile.mkdtemp()),
-        )
+    summary = await cluster.embedded(data)
     return {
         "rollouts": summary.rollouts_expected,
         "snapshots": summary.snapshots_published,
@@ -64,47 +53,7 @@ async def embedded(data: dict) -> dict:
 
 
 def over_rabbitmq(data: dict) -> dict:
-    state = Path(tempfile.mkdtemp(prefix="parkway-pause-"))
-    config_path = state / "run.yaml"
-    config_path.write_text(yaml.safe_dump(data))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-    env.update(
-        PARKWAY_RUN=data["run"], PARKWAY_SECRET="bench", PARKWAY_STATE_DIR=str(state), PARKWAY_BROKER_URL=URL
-    )
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "parkway.actors.cli",
-                "actor",
-                role,
-                "--replica",
-                str(i),
-                "--config",
-                str(config_path),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-        )
-        for role, i in ROLES
-    ]
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "parkway.actors.cli", "run", "--config", str(config_path), "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-    summary = json.loads(result.stdout)
+    summary = cluster.over_rabbitmq(data)
     return {
         "rollouts": summary["rollouts_expected"],
         "snapshots": summary["snapshots_published"],
