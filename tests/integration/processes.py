@@ -118,3 +118,24 @@ async def wait_handling(client: Client, address: str, timeout: float = 20.0) -> 
     async with asyncio.timeout(timeout):
         while (await status_of(client, address)).in_flight < 1:  # noqa: ASYNC110 - polls another process
             await asyncio.sleep(0.02)
+
+
+async def embedded_digest(config_path: Path, state: Path) -> str:
+    """The transcripts digest of the same configuration run embedded, uncrashed, without snapshots."""
+    from parkway.actors.config import load
+    from parkway.actors.tasks import load_tasks
+    from parkway.actors.workload import run_workload
+    from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+    config = load(config_path, environ={})
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        summary = await run_workload(
+            broker,
+            b"embedded",
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=state,
+            snapshots=False,
+        )
+    return summary.transcripts_sha256

@@ -18,12 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from parkway.actors.config import load
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import run_workload
-from parkway.brokers.memory import MemoryBroker, MemoryHub
 
-from tests.integration.processes import actor_env, wait_ready
+from tests.integration.processes import actor_env, embedded_digest, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -43,18 +39,7 @@ ROLES = [("tq", 0), ("policy", 0), ("resources", 0), ("resources", 1), ("agent",
 
 
 async def reference_digest(config_path: Path, tmp_path: Path) -> str:
-    config = load(config_path, environ={})
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        summary = await run_workload(
-            broker,
-            b"s",
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=tmp_path / "reference",
-            snapshots=False,
-        )
-    return summary.transcripts_sha256
+    return await embedded_digest(config_path, tmp_path / "reference")
 
 
 def start_driver(

@@ -6,15 +6,10 @@ import asyncio
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from parkway.actors.config import load
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import run_workload
-from parkway.brokers.memory import MemoryBroker, MemoryHub
 
-from tests.integration.processes import actor_env, wait_ready
+from tests.integration.processes import actor_env, embedded_digest, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -75,14 +70,4 @@ async def test_a_full_run_with_every_actor_in_its_own_process(
     assert len(set(pids.values())) == 6
 
     # Same seeds, same transcripts: the embedded run of the same configuration generates the same tokens.
-    config = load(config_path, environ={})
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        embedded = await run_workload(
-            broker,
-            b"s",
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=Path(tmp_path / "embedded"),
-        )
-    assert embedded.transcripts_sha256 == summary["transcripts_sha256"]
+    assert await embedded_digest(config_path, tmp_path / "embedded") == summary["transcripts_sha256"]
