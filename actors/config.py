@@ -65,6 +65,7 @@ class RecoveryConfig(_Section):
 class TrainerConfig(_Section):
     kind: Literal["example"] = "example"
     batch_groups: int = 2
+    checkpoint_every: int = 0  # train steps between trainer checkpoints (0: never)
 
 
 class FaultsConfig(_Section):
@@ -180,6 +181,8 @@ def check(config: RunConfig) -> None:
             problems.append(f"{key}: must be >= 1, got {value}")
     if not 0.0 <= config.faults.failure_rate <= 1.0:
         problems.append(f"faults.failure_rate: must be within [0, 1], got {config.faults.failure_rate}")
+    if config.trainer.checkpoint_every < 0:
+        problems.append("trainer.checkpoint_every: must be >= 0")
     if config.rollout.stall_timeout_s <= 0:
         problems.append("rollout.stall_timeout_s: must be > 0")
     if config.policy.per_token_delay_s < 0:

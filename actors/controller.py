@@ -136,6 +136,7 @@ class Controller(Actor):
         self.fenced_at_restore: list[AttemptRef] = []
         self.restart_only: set[str] = set()  # participants that cannot save a rollout mid-way
         self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
+        self._trained_groups: list[str] = []  # group ids the trainer consumed, in order
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
 
     # -- the admission gate and the stall clock ----------------------------------------------------
@@ -424,6 +425,21 @@ class Controller(Actor):
             if not crash.done():
                 crash.set_exception(exc)
 
+    def adopt_fallback(self, anchor: dict[str, object], trainer_state: dict[str, object]) -> None:
+        """A trainer checkpoint without its snapshot: groups the trainer consumed stay done, every other
+        group starts over from its prompt (no turn of theirs can be trusted)."""
+        assert self._config is not None and self._trainer is not None
+        self.adopt(Ledger(max_attempts=self._config.rollout.max_attempts), anchor, saved_episodes=set())
+        self._trainer.load_state(trainer_state)
+        self.policy_version = int(trainer_state["policy_version"])  # type: ignore[call-overload]
+        granularity = Granularity(self._config.recovery.default_granularity)
+        trained = set(self._trained_groups)
+        for index, _ in enumerate(self._tasks):
+            group_id = f"t{index:04d}"
+            if group_id not in trained:
+                self.ledger.add_group(group_id, index, self._config.rollout.group_size, granularity)
+        self.counts["fallback_restores"] += 1
+
     def _redo_groups_after_restore(self, ledger: Ledger) -> list[EpisodeRef]:
         """``prompt_group`` level: a group with any rollout unfinished at the snapshot starts over whole."""
         self.fenced_at_restore = [AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())]
@@ -488,6 +504,7 @@ class Controller(Actor):
             "epoch": self.epoch,
             "train_steps": self.counts["train_steps"],
             "sealed_rows": dict(self._sealed_rows),
+            "trained_groups": list(self._trained_groups),
             "counts": {k: v for k, v in self.counts.items() if not k.startswith(("error:", "refused:"))},
         }
 
@@ -501,6 +518,7 @@ class Controller(Actor):
         self.policy_version = int(anchor["policy_version"])  # type: ignore[arg-type]
         self.epoch = int(anchor["epoch"]) + 1  # type: ignore[arg-type]
         self._sealed_rows = dict(anchor["sealed_rows"])  # type: ignore[arg-type]
+        self._trained_groups = list(anchor.get("trained_groups", []))  # type: ignore[arg-type]
         for key, value in dict(anchor["counts"]).items():  # type: ignore[arg-type]
             self.counts[key] = value
         if isinstance(self._trainer, ExampleTrainer):
@@ -695,6 +713,20 @@ class Controller(Actor):
             )
             for group in batch:
                 self.ledger.remove(group.group_id)
+                self._trained_groups.append(group.group_id)
+            every = self._config.trainer.checkpoint_every
+            if every and self.counts["train_steps"] % every == 0:
+                await self._checkpoint_trainer(trainer)
+
+    async def _checkpoint_trainer(self, trainer: Trainer) -> None:
+        """A trainer checkpoint: the fallback marker first, then the trainer's state, then a snapshot
+        anchored at this step. A crash anywhere in between leaves a marker that a restore can use."""
+        if self.snapshots is None:
+            return
+        step = self.counts["train_steps"]
+        self.snapshots.write_trainer_checkpoint(step, anchor=self.anchor(), state=trainer.state())
+        async with self._snapshot_lock:
+            await self.snapshots.save(force=True)
 
     async def _summary(self, config: RunConfig, expected: int, wall: float, trainer: Trainer) -> RunSummary:
         counts: dict[str, int] = defaultdict(int)

@@ -124,9 +124,12 @@ def list_snapshots(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def select_snapshot(run_dir: Path, *, config_fingerprint: str) -> tuple[Path, dict[str, Any]] | None:
-    """The newest snapshot that verifies and belongs to this configuration; corrupt ones are skipped
-    with a warning naming them (the one before stays authoritative)."""
+def select_snapshot(
+    run_dir: Path, *, config_fingerprint: str, trainer_step: int | None = None
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest snapshot that verifies, belongs to this configuration and (when the trainer has
+    checkpoints) is anchored at the newest one; corrupt ones are skipped with a warning naming them
+    (the one before stays authoritative)."""
     for _, path in reversed(list_snapshots(run_dir)):
         try:
             manifest = verify_snapshot(path)
@@ -135,6 +138,13 @@ def select_snapshot(run_dir: Path, *, config_fingerprint: str) -> tuple[Path, di
             continue
         if manifest["config_fingerprint"] != config_fingerprint:
             log.warning("snapshot_skipped", snapshot=path.name, reason="written under another configuration")
+            continue
+        if trainer_step is not None and manifest["trainer"]["step"] != trainer_step:
+            log.info(
+                "snapshot_skipped",
+                snapshot=path.name,
+                reason=f"anchored at trainer step {manifest['trainer']['step']}, not {trainer_step}",
+            )
             continue
         return path, manifest
     return None
@@ -233,8 +243,9 @@ class SnapshotCoordinator:
             len(self.controller.ledger.groups),
         )
 
-    async def save(self) -> Path | None:
-        """One snapshot attempt: the path published, or None when skipped. Raises SnapshotFailure."""
+    async def save(self, *, force: bool = False) -> Path | None:
+        """One snapshot attempt: the path published, or None when skipped. Raises SnapshotFailure.
+        ``force`` takes it even when nothing moved (a trainer checkpoint needs its own snapshot)."""
         cid = new_checkpoint_id("ck")
         seq = (list_snapshots(self.run_dir)[-1][0] + 1) if list_snapshots(self.run_dir) else 1
         tmp = self.run_dir / f"tmp_{cid}"
@@ -296,7 +307,7 @@ class SnapshotCoordinator:
 
     async def _step_close_gate(self, _: tuple[str, ...], state: dict[str, Any]) -> str | None:
         state["progress"] = await self._progress()
-        if self._last_progress == state["progress"]:
+        if self._last_progress == state["progress"] and not state["force"]:
             return "skip"  # no boundary passed, no ledger or TQ change: a snapshot would add nothing
         self.controller.gate_open = False
         return None
@@ -553,6 +564,37 @@ class SnapshotCoordinator:
         shutil.rmtree(state["tmp"], ignore_errors=True)
 
     # -- restore --------------------------------------------------------------------------------------
+    # -- trainer checkpoints -----------------------------------------------------------------------
+    @property
+    def trainer_dir(self) -> Path:
+        return self.run_dir / "trainer"
+
+    def write_trainer_checkpoint(self, step: int, *, anchor: dict[str, Any], state: dict[str, Any]) -> None:
+        """The fallback marker (what the trainer consumed so far) and the trainer's state, both durable,
+        before the snapshot attempt anchored at this step."""
+        self.trainer_dir.mkdir(parents=True, exist_ok=True)
+        for name, payload in ((f"fallback_{step}.msgpack", anchor), (f"step_{step}.msgpack", state)):
+            path = self.trainer_dir / name
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as handle:
+                handle.write(msgspec.msgpack.encode(payload))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        fsync_dir(self.trainer_dir)
+
+    def newest_trainer_checkpoint(self) -> int | None:
+        steps = (
+            [
+                int(p.stem.removeprefix("step_"))
+                for p in self.trainer_dir.glob("step_*.msgpack")
+                if p.stem.removeprefix("step_").isdigit()
+            ]
+            if self.trainer_dir.is_dir()
+            else []
+        )
+        return max(steps) if steps else None
+
     def mark_completed(self) -> None:
         """A finished run leaves a marker: starting the same run again starts it afresh."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -565,9 +607,15 @@ class SnapshotCoordinator:
             log.info("previous_run_completed", run_dir=str(self.run_dir), action="starting afresh")
             for _, path in list_snapshots(self.run_dir):
                 shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(self.trainer_dir, ignore_errors=True)
             completed.unlink()
             return False
-        selected = select_snapshot(self.run_dir, config_fingerprint=self.config_fingerprint)
+        trainer_step = self.newest_trainer_checkpoint()
+        selected = select_snapshot(
+            self.run_dir, config_fingerprint=self.config_fingerprint, trainer_step=trainer_step
+        )
+        if selected is None and trainer_step is not None:
+            return await self._restore_fallback(trainer_step)
         if selected is None:
             return False
         path, manifest = selected
@@ -641,6 +689,20 @@ class SnapshotCoordinator:
             self.metrics.rollouts_restored += len(scope)
             self._last_progress = await self._progress()
             log.info("restore_done", snapshot=path.name, continued=len(scope))
+        return True
+
+    async def _restore_fallback(self, step: int) -> bool:
+        """The newest trainer checkpoint has no snapshot: use its fallback marker."""
+        anchor = msgspec.msgpack.decode((self.trainer_dir / f"fallback_{step}.msgpack").read_bytes())
+        state = msgspec.msgpack.decode((self.trainer_dir / f"step_{step}.msgpack").read_bytes())
+        log.warning(
+            "restore_from_fallback_marker",
+            trainer_step=step,
+            detail="no snapshot matches the newest trainer checkpoint: unfinished groups restart",
+        )
+        self.controller.adopt_fallback(anchor, state)
+        self.metrics.restores += 1
+        self._last_progress = await self._progress()
         return True
 
     async def _check_topology(self, manifest: dict[str, Any]) -> None:

@@ -37,6 +37,13 @@ class Trainer(ABC):
     def train(self, batch: list[GroupResult]) -> TrainStep:
         """Consume one batch; return what the step did. The policy version it returns is the new one."""
 
+    @abstractmethod
+    def state(self) -> dict[str, object]:
+        """What a trainer checkpoint keeps (a real trainer: a path to its weights and optimizer)."""
+
+    @abstractmethod
+    def load_state(self, state: dict[str, object]) -> None: ...
+
 
 @dataclass
 class ExampleTrainer(Trainer):
@@ -59,3 +66,9 @@ class ExampleTrainer(Trainer):
         )
         self.steps.append(step)
         return step
+
+    def state(self) -> dict[str, object]:
+        return {"policy_version": self.policy_version, "steps": len(self.steps)}
+
+    def load_state(self, state: dict[str, object]) -> None:
+        self.policy_version = int(state["policy_version"])  # type: ignore[call-overload]

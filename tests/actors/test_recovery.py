@@ -108,3 +108,42 @@ async def test_a_snapshot_on_demand(tmp_path: Path) -> None:
         summary = await workload
     assert isinstance(reply, SnapshotTaken) and reply.snapshot == "snapshot_1" and not reply.skipped
     assert summary.snapshots_published == 1 and summary.rollouts_sealed == 9
+
+
+async def test_trainer_checkpoints_anchor_snapshots(tmp_path: Path) -> None:
+    summary = await run(tmp_path, trainer={"batch_groups": 1, "checkpoint_every": 1})
+    trainer_dir = tmp_path / "snapshots" / "rec" / "trainer"
+    assert sorted(p.name for p in trainer_dir.glob("step_*")) == [
+        "step_1.msgpack",
+        "step_2.msgpack",
+        "step_3.msgpack",
+    ]
+    assert sorted(p.name for p in trainer_dir.glob("fallback_*")) == [
+        "fallback_1.msgpack",
+        "fallback_2.msgpack",
+        "fallback_3.msgpack",
+    ]
+    assert summary.train_steps == 3 and summary.rollouts_sealed == 9
+
+
+async def test_a_trainer_checkpoint_without_its_snapshot_falls_back(tmp_path: Path, monkeypatch) -> None:
+    # The crash comes after the fallback marker and the trainer's state are written, before the snapshot
+    # anchored at that step: the restore keeps the group the trainer consumed and restarts the others.
+    from parkway.actors.snapshots import SnapshotCoordinator
+
+    original = SnapshotCoordinator.write_trainer_checkpoint
+
+    def then_crash(self, step, *, anchor, state):
+        original(self, step, anchor=anchor, state=state)
+        raise SimulatedCrash(f"died right after trainer checkpoint {step}")
+
+    monkeypatch.setattr(SnapshotCoordinator, "write_trainer_checkpoint", then_crash)
+    overrides = {"trainer": {"batch_groups": 1, "checkpoint_every": 1}}
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, **overrides)
+    monkeypatch.setattr(SnapshotCoordinator, "write_trainer_checkpoint", original)
+    resumed = await run(tmp_path, **overrides)
+    assert resumed.restores == 1
+    assert resumed.train_steps == 3 and resumed.policy_version == 3  # 1 step before the crash, 2 after
+    assert resumed.rollouts_sealed == 9 and resumed.rollouts_failed == 0
+    assert resumed.attempts_dispatched == 9 + 6  # all 9 before the crash; after it, not the consumed group
