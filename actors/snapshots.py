@@ -251,6 +251,7 @@ class SnapshotCoordinator:
         tmp = self.run_dir / f"tmp_{cid}"
         deadline = time.time() + self.config.prepare_timeout_s
         state: dict[str, Any] = {
+            "force": force,
             "cid": cid,
             "seq": seq,
             "tmp": tmp,
