@@ -78,6 +78,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     tool_calls: int
     tool_mutations_applied: int
     tool_duplicates_absorbed: int
+    tool_mutations_duplicated: int  # from the resources' own records: must be 0
     sessions_leaked: int  # tool sessions opened and never retired (must be 0 at the end of a run)
     receipts_duplicate: int
     receipts_stale: int
@@ -765,6 +766,7 @@ class Controller(Actor):
             tool_calls=counts["resources.tool_calls"],
             tool_mutations_applied=counts["resources.tool_mutations_applied"],
             tool_duplicates_absorbed=counts["resources.tool_duplicates"],
+            tool_mutations_duplicated=counts["resources.tool_mutations_duplicated"],
             sessions_leaked=counts["resources.sessions_opened"] - counts["resources.sessions_retired"],
             receipts_duplicate=self.counts["receipts_duplicate"],
             receipts_stale=self.counts["receipts_stale"],

@@ -55,6 +55,9 @@ class Session:
     results: dict[tuple[int, int], tuple[ToolCall, ToolResult]] = field(default_factory=dict)
     retired: bool = False
     ending: ToolResult | None = None  # the verify or release answer that retired it, if any
+    # Call indices whose mutation this session's state holds, across a restore: the record that shows
+    # a mutation applied twice (a continued attempt must never send a saved call again).
+    applied: set[int] = field(default_factory=set)
 
 
 class Resources(Participant):
@@ -162,6 +165,10 @@ class Resources(Participant):
         if session.env.spec(call.tool).mutates:
             session.revision += 1
             self.counts["tool_mutations_applied"] += 1
+            if call.call_index in session.applied:
+                self.counts["tool_mutations_duplicated"] += 1
+                log.error("mutation_applied_twice", call_index=call.call_index, tool=call.tool)
+            session.applied.add(call.call_index)
         return self._result(session, call, ok=True, output=output)
 
     def _release(self, session: Session, call: ToolCall) -> ToolResult:
@@ -231,7 +238,9 @@ class Resources(Participant):
                 continue  # not continued (finished, or restarted from the prompt): nothing to reopen
             env_class = ENVIRONMENTS[item.env_name]
             env = Environment.restore(item.env) if item.env is not None else env_class(item.seed)
-            self.sessions[item.rollout_id] = Session(attempt=attempt, env=env, revision=item.revision)
+            self.sessions[item.rollout_id] = Session(
+                attempt=attempt, env=env, revision=item.revision, applied=set(item.applied)
+            )
             self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
             self.counts["sessions_opened"] += 1
             restored.append(AttemptRef(rollout_id=item.rollout_id, attempt=attempt))
@@ -266,6 +275,7 @@ class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[str, Any] | None  # None in stateless mode: the session reopens from its seed
     env_name: str
     seed: int
+    applied: tuple[int, ...] = ()
 
 
 def _saved_sessions(resources: Resources) -> list[SavedSession]:
@@ -282,6 +292,7 @@ def _saved_sessions(resources: Resources) -> list[SavedSession]:
                 env=exported,
                 env_name=session.env.name,
                 seed=session.env.seed,
+                applied=tuple(sorted(session.applied)),
             )
         )
     return saved

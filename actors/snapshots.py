@@ -83,6 +83,23 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def config_fingerprint(config: RunConfig) -> str:
+    """What a snapshot depends on: the work and its identities, not tuning (intervals, hosts, timeouts)."""
+    r = config.rollout
+    return fingerprint(
+        {
+            "run": config.run,
+            "seed": config.seed,
+            "agent": config.agent,
+            "tasks": msgspec.to_builtins(config.tasks),
+            "rollout": [r.group_size, r.max_turns, r.max_tokens],
+            "topology": msgspec.to_builtins(config.topology),
+            "resources": config.resources.mode,
+            "engine": config.policy.engine,
+        }
+    )
+
+
 def topology_of(capabilities: list[Capabilities]) -> list[dict[str, Any]]:
     """Who takes part, sorted; restart-only flags are excluded (they may change between runs)."""
     return sorted(
@@ -185,7 +202,7 @@ class SnapshotCoordinator:
         self.config = config
         self.run_dir = root / controller.run
         self.metrics = SnapshotMetrics()
-        self.config_fingerprint = fingerprint(msgspec.to_builtins(config))
+        self.config_fingerprint = config_fingerprint(config)
         self._last_progress: tuple[Any, ...] | None = None
         self.on_published: Callable[[Path], None] | None = None  # a test hook
 

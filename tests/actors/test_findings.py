@@ -211,3 +211,18 @@ async def test_an_unanswered_resume_is_release_pending_and_resent_under_the_same
     assert summary.rollouts_sealed == 6
     retried = [cid for cid in set(seen) if seen.count(cid) > 1]
     assert retried and all(cid.startswith("ck-") for cid in retried)  # the same id, sent again
+
+
+async def test_a_failed_verify_does_not_leak_the_session(tmp_path: Path, monkeypatch) -> None:
+    # NeMo #4117: a transient verify failure left the resources session alive forever.
+    from parkway.actors.environments import Environment, ToolError
+
+    def broken_verify(self: Environment, calls: object) -> float:
+        raise ToolError("verifier unavailable")
+
+    monkeypatch.setattr(Environment, "verify", broken_verify)
+    summary = await run(
+        tmp_path, rollout={"group_size": 3, "max_turns": 5, "max_attempts": 1}, snapshot_interval_s=3600.0
+    )
+    assert summary.rollouts_failed == 6  # a typed failure each (verify_failed), not a fake sample
+    assert summary.sessions_leaked == 0

@@ -69,7 +69,7 @@ async def test_a_crash_after_a_snapshot_continues_from_the_last_boundary(tmp_pat
     assert resumed.restores == 1
     assert resumed.rollouts_sealed == resumed.rollouts_expected == 9 and resumed.rollouts_failed == 0
     assert resumed.mean_reward == 1.0  # every bank session replays to its balances: each transfer once
-    assert resumed.sessions_leaked == 0
+    assert resumed.sessions_leaked == 0 and resumed.tool_mutations_duplicated == 0
     if level == "turn":
         assert resumed.rollouts_restored == len(saved)
         # Every restored rollout continued: at most its one in-flight model call was generated again.
@@ -147,3 +147,30 @@ async def test_a_trainer_checkpoint_without_its_snapshot_falls_back(tmp_path: Pa
     assert resumed.train_steps == 3 and resumed.policy_version == 3  # 1 step before the crash, 2 after
     assert resumed.rollouts_sealed == 9 and resumed.rollouts_failed == 0
     assert resumed.attempts_dispatched == 9 + 6  # all 9 before the crash; after it, not the consumed group
+
+
+async def test_a_corrupt_newest_snapshot_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    import structlog
+
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, stop_after=2)
+    run_dir = tmp_path / "snapshots" / "rec"
+    newest = sorted(run_dir.glob("snapshot_*"))[-1]
+    ledger = newest / "ledger.msgpack"
+    data = bytearray(ledger.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit's worth of damage
+    ledger.write_bytes(bytes(data))
+    with structlog.testing.capture_logs() as logs:
+        resumed = await run(tmp_path, snapshot_interval_s=0.2)  # tuning may change; the work may not
+    [skipped] = [e for e in logs if e["event"] == "snapshot_skipped" and e.get("snapshot") == newest.name]
+    assert "ledger.msgpack does not match its sha256" in skipped["reason"]
+    restored = [e for e in logs if e["event"] == "restore_started"]
+    assert restored and restored[0]["snapshot"] != newest.name  # the one before was restored
+    assert resumed.restores == 1 and resumed.rollouts_sealed == 9
+
+
+async def test_a_snapshot_of_other_work_is_not_restored(tmp_path: Path) -> None:
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, stop_after=1)
+    other = await run(tmp_path, seed=99)  # another seed is other work: start afresh
+    assert other.restores == 0 and other.rollouts_sealed == 9

@@ -112,7 +112,7 @@ async def test_the_whole_cluster_killed_at_a_save_step(
     assert summary["restores"] == 1 and summary["rollouts_restored"] == len(manifest["episodes"])
     assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 6 and summary["rollouts_failed"] == 0
     assert summary["mean_reward"] == 1.0  # each bank session's balances replay exactly: no double transfer
-    assert summary["sessions_leaked"] == 0
+    assert summary["sessions_leaked"] == 0 and summary["tool_mutations_duplicated"] == 0
     assert summary["turns_regenerated"] <= summary["rollouts_restored"]  # only the calls in flight
     assert summary["transcripts_sha256"] == reference  # the same tokens as a run that never crashed
 
