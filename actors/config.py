@@ -49,7 +49,13 @@ class PolicyConfig(_Section):
     engine: Literal["deterministic", "vllm"] = "deterministic"
     host: Literal["ray", "inline"] = "ray"
     engines: int = 1
-    per_token_delay_s: float = 0.0
+    per_token_delay_s: float = 0.0  # deterministic engine: simulated time per token
+    # vLLM: a model directory (``parkway model build DIR`` makes a tiny one), and its engine settings.
+    model: str | None = None
+    max_model_len: int = 2048
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None  # GPU machines; None on CPU
+    kv_cache_memory_bytes: int | None = 64 << 20  # CPU machines need an explicit KV cache size
 
 
 class ResourcesConfig(_Section):
@@ -189,6 +195,10 @@ def check(config: RunConfig) -> None:
         problems.append("policy.per_token_delay_s: must be >= 0")
     if config.snapshot_interval_s <= 0 or config.prepare_timeout_s <= 0:
         problems.append("snapshot_interval_s and prepare_timeout_s: must be > 0")
+    if config.policy.engine == "vllm" and not config.policy.model:
+        problems.append(
+            "policy.model: the vllm engine needs a model directory (parkway model build DIR makes one)"
+        )
     if config.recovery.target_level == "prefix" and config.policy.engine != "vllm":
         problems.append(
             "recovery.target_level: prefix needs a policy engine that can cut a generation "

@@ -23,15 +23,21 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
     if role == "policy":
         from parkway.actors.engines.ray_host import EngineSpec
 
-        kwargs = (
-            {"per_token_delay_s": config.policy.per_token_delay_s}
-            if config.policy.engine == "deterministic"
-            else {}
-        )
+        policy = config.policy
+        if policy.engine == "vllm":
+            kwargs: dict[str, Any] = {
+                "model": policy.model,
+                "max_model_len": policy.max_model_len,
+                "tensor_parallel_size": policy.tensor_parallel_size,
+                "gpu_memory_utilization": policy.gpu_memory_utilization,
+                "kv_cache_memory_bytes": policy.kv_cache_memory_bytes,
+            }
+        else:
+            kwargs = {"per_token_delay_s": policy.per_token_delay_s}
         return {
-            "engine": EngineSpec(kind=config.policy.engine, kwargs=kwargs),
-            "engine_host": config.policy.host,
-            "engines": config.policy.engines,
+            "engine": EngineSpec(kind=policy.engine, kwargs=kwargs),
+            "engine_host": policy.host,
+            "engines": policy.engines,
         }
     if role == "resources":
         return {"mode": config.resources.mode}

@@ -26,6 +26,12 @@ class GenerationResult:
 class Engine(ABC):
     """Generate from token ids. Same request and seed, same tokens."""
 
+    async def start(self) -> None:  # noqa: B027 - most engines need no start-up
+        """Load weights, start workers (vLLM); called once in the process that hosts the engine."""
+
+    async def stop(self) -> None:  # noqa: B027
+        """Release what ``start`` took."""
+
     @abstractmethod
     async def generate(self, request: GenerationRequest) -> GenerationResult: ...
 

