@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 import structlog
+from parkway.actors import chat
 from parkway.actors.participant import ParkReport, Participant, write_records
 from parkway.actors.programs import PROGRAMS
 from parkway.actors.rollout import RolloutContext, RolloutFailure, ToolOutcome
@@ -324,6 +325,7 @@ class Agent(Participant):
             token_ids=tokens,
             seed=run.seed,
             max_tokens=int(run.task.get("max_tokens", 160)),  # type: ignore[arg-type]
+            stop_token_ids=chat.tokenizer_for(run.task.get("tokenizer")).stop_token_ids,  # type: ignore[arg-type]
             policy_version=run.policy_version,
         )
         self._set_state(live, AWAITING_MODEL)  # parked at the boundary just passed

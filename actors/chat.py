@@ -114,3 +114,46 @@ def parse_reply(text: str) -> Reply:
     if answer is not None:
         return Reply(answer=answer.group(1).strip())
     return Reply(garbage="neither a tool call nor an answer")
+
+
+class ByteTokenizer:
+    """The default: bytes are tokens and the conversation renders as the text above."""
+
+    stop_token_ids: tuple[int, ...] = ()
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        return encode(render(messages))
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return decode(token_ids)
+
+
+class ModelTokenizer:
+    """A model's own tokenizer (vLLM): prompts go through its chat template, replies through its decoder."""
+
+    def __init__(self, path: str) -> None:
+        from transformers import AutoTokenizer  # the vllm extras bring transformers
+
+        self._tokenizer = AutoTokenizer.from_pretrained(path)
+        eos = self._tokenizer.eos_token_id
+        self.stop_token_ids: tuple[int, ...] = (eos,) if eos is not None else ()
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        conversation = [{"role": m.role, "content": m.content} for m in messages]
+        text = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+_tokenizers: dict[str, ModelTokenizer] = {}
+
+
+def tokenizer_for(path: str | None) -> ByteTokenizer | ModelTokenizer:
+    """The tokenizer a rollout's model speaks: the byte one by default, a model's own when named."""
+    if not path:
+        return ByteTokenizer()
+    if path not in _tokenizers:
+        _tokenizers[path] = ModelTokenizer(path)
+    return _tokenizers[path]

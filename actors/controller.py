@@ -672,6 +672,8 @@ class Controller(Actor):
             options["fail_at_turn"] = fail_at
         if continue_from is not None:
             options["continue_from"] = continue_from
+        if config.policy.engine == "vllm" and config.policy.model:
+            options["tokenizer"] = config.policy.model  # agents render prompts with the model's own template
         if rollout in self.holds:
             options["hold_at_turn"] = self.holds[rollout]
         return options

@@ -82,10 +82,11 @@ class RolloutContext:
         fail_at = self.run.task.get("fail_at_turn")
         if isinstance(fail_at, int) and fail_at == self.turns:
             raise RolloutFailure("injected", f"fault injected at turn {self.turns}")
-        generated = await self._generate(self.model_calls, tuple(chat.encode(chat.render(messages))))
+        tokenizer = chat.tokenizer_for(self.run.task.get("tokenizer"))  # type: ignore[arg-type]
+        generated = await self._generate(self.model_calls, tuple(tokenizer.encode_chat(messages)))
         self.model_calls += 1
         self.turns += 1
-        return ModelReply(chat.decode(generated.token_ids), generated.token_ids, generated.finish_reason)
+        return ModelReply(tokenizer.decode(generated.token_ids), generated.token_ids, generated.finish_reason)
 
     async def call_tool(self, name: str, arguments: dict[str, object]) -> ToolOutcome:
         if name in RESERVED_TOOLS:  # a model must not end its own session by naming these

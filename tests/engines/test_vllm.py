@@ -108,3 +108,55 @@ def test_a_workload_on_vllm_turns_model_garbage_into_typed_failures(pool, tmp_pa
     assert summary.model_calls >= 2  # vLLM really generated for each attempt
     assert summary.rollouts_failed + summary.rollouts_sealed == 2
     assert summary.sessions_leaked == 0
+
+
+def test_a_crash_and_restore_with_vllm_keeps_every_finished_turn(pool, tmp_path: Path) -> None:
+    # The turn-recovery scenario end to end with real vLLM: the counter agent (which works whatever the
+    # tiny model says), a crash right after a snapshot, a restore under `turn`, the uncrashed transcripts.
+    import json
+
+    from parkway.actors.config import from_dict
+    from parkway.actors.controller import RunSummary, SimulatedCrash
+    from parkway.actors.tasks import load_tasks
+    from parkway.actors.workload import run_workload
+    from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+    runner, engines = pool
+    config = from_dict(
+        {
+            "run": "vcrash",
+            "seed": 4,
+            "agent": "counter",
+            "rollout": {"group_size": 2, "max_turns": 5, "max_tokens": 24},
+            "tasks": {"builtin": "counter", "limit": 2},
+            "snapshot_interval_s": 0.2,
+            "policy": {"engine": "vllm", "model": engines.spec.kwargs["model"], "host": "ray"},
+        }
+    )
+
+    async def go(state: Path, *, snapshots: bool = True, stop_after: int | None = None) -> RunSummary:
+        async with MemoryBroker(MemoryHub(), config.run) as broker:
+            return await run_workload(
+                broker,
+                b"s",
+                config,
+                load_tasks(config.tasks),
+                embedded=True,
+                state_root=state,
+                snapshots=snapshots,
+                stop_after_snapshots=stop_after,
+            )
+
+    reference = runner.run(go(tmp_path / "reference", snapshots=False))
+    with pytest.raises(SimulatedCrash):
+        runner.run(go(tmp_path / "crashy", stop_after=1))
+    manifest = json.loads(
+        next((tmp_path / "crashy" / "snapshots" / "vcrash").glob("snapshot_*/manifest.json")).read_text()
+    )
+    resumed = runner.run(go(tmp_path / "crashy"))
+    assert manifest["episodes"] and resumed.rollouts_restored == len(manifest["episodes"])
+    assert (
+        resumed.rollouts_sealed == 4 and resumed.mean_reward == 1.0 and resumed.tool_mutations_duplicated == 0
+    )
+    assert resumed.turns_regenerated <= resumed.rollouts_restored
+    assert resumed.transcripts_sha256 == reference.transcripts_sha256
