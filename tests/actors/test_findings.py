@@ -226,3 +226,36 @@ async def test_a_failed_verify_does_not_leak_the_session(tmp_path: Path, monkeyp
     )
     assert summary.rollouts_failed == 6  # a typed failure each (verify_failed), not a fake sample
     assert summary.sessions_leaked == 0
+
+
+async def test_a_model_error_during_a_snapshot_keeps_the_rollout_parked(tmp_path: Path, monkeypatch) -> None:
+    # Found with vLLM: an error reply (not held like a reply) let a parked rollout fail between prepare and
+    # commit, so the agent saved an attempt the ledger had already failed and the snapshot ended the run.
+    from parkway.actors.engines.ray_host import EnginePool
+    from parkway.actors.policy import Policy
+
+    state = {"closed": False, "errors": 0}
+    close, release, generate = Policy.close_admission, Policy.release, EnginePool.generate
+
+    async def closing(self: Policy) -> None:
+        state["closed"] = True
+        await close(self)
+
+    async def releasing(self: Policy) -> None:
+        state["closed"] = False
+        await release(self)
+
+    async def dies_mid_checkpoint(self: EnginePool, request):
+        result = await generate(self, request)
+        if state["closed"] and state["errors"] < 3:
+            state["errors"] += 1
+            raise RuntimeError("engine died")  # an internal error reply, which the policy does not hold
+        return result
+
+    monkeypatch.setattr(Policy, "close_admission", closing)
+    monkeypatch.setattr(Policy, "release", releasing)
+    monkeypatch.setattr(EnginePool, "generate", dies_mid_checkpoint)
+    summary = await run(tmp_path, policy={"host": "inline", "per_token_delay_s": 0.002})
+    assert state["errors"] >= 1  # errors really came back while rollouts were parked
+    assert summary.snapshots_published >= 1 and summary.snapshots_failed == 0
+    assert summary.rollouts_sealed == 6 and summary.attempts_failed == state["errors"]
