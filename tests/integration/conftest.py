@@ -29,7 +29,7 @@ async def spawn(
 
     yield start
     for actor in started:
-        actor.kill()
+        actor.stop()
 
 
 @pytest.fixture

@@ -75,6 +75,15 @@ class ActorProcess:
         assert self.proc is not None
         return self.proc.wait(timeout)
 
+    def stop(self) -> None:
+        """Teardown: SIGTERM first (a policy shuts its Ray down), SIGKILL if it does not go in time."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
