@@ -329,13 +329,15 @@ class Agent(Participant):
             policy_version=run.policy_version,
         )
         self._set_state(live, AWAITING_MODEL)  # parked at the boundary just passed
+        # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at its
+        # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation
+        # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
         try:
             reply = await self._request(self.policy_address, request, f"{ck}:{index}")
-        finally:
-            # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at
-            # its boundary until resume, so what the snapshot saved is still what the agent holds.
-            if not self._released.is_set():
-                await self._released.wait()
+        except RolloutFailure:
+            await self._released.wait()
+            raise
+        await self._released.wait()
         if not isinstance(reply, Generated):
             raise RolloutFailure("policy_error", f"unexpected reply {type(reply).__name__}")
         live.model.append(
