@@ -31,3 +31,24 @@ def signed_raw(
 async def raw_request(client: Client, address: str, envelope: Envelope, timeout: float = 5.0):
     reply = await client.broker.request(address, envelope, deadline=time.time() + timeout)
     return client.open(reply)
+
+
+async def embedded_run(data: dict, state, *, snapshots: bool = True, stop_after: int | None = None):
+    """One workload of configuration ``data`` on a fresh in-memory cluster (a fresh "machine" each call)."""
+    from parkway.actors.config import from_dict
+    from parkway.actors.tasks import load_tasks
+    from parkway.actors.workload import run_workload
+    from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+    config = from_dict(data)
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        return await run_workload(
+            broker,
+            SECRET,
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=state,
+            snapshots=snapshots,
+            stop_after_snapshots=stop_after,
+        )

@@ -13,16 +13,12 @@ from pathlib import Path
 
 import pytest
 from parkway.actors.agent import Agent
-from parkway.actors.config import from_dict
 from parkway.actors.controller import RunSummary, SetupError, SimulatedCrash
 from parkway.actors.participant import ParkReport
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import run_workload
-from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.snapshot import episode_mismatch
 
-from tests.actors.helpers import SECRET
+from tests.actors.helpers import embedded_run
 
 BASE = {
     "run": "findings",
@@ -35,17 +31,7 @@ BASE = {
 
 
 async def run(state: Path, *, stop_after: int | None = None, **overrides: object) -> RunSummary:
-    config = from_dict({**BASE, **overrides})
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        return await run_workload(
-            broker,
-            SECRET,
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=state,
-            stop_after_snapshots=stop_after,
-        )
+    return await embedded_run({**BASE, **overrides}, state, stop_after=stop_after)
 
 
 async def test_restart_only_servers_fail_setup_by_name(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from parkway.actors.tasks import load_tasks
 from parkway.actors.workload import run_workload
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
-from tests.actors.helpers import SECRET
+from tests.actors.helpers import SECRET, embedded_run
 
 BASE = {
     "run": "rec",
@@ -32,18 +32,7 @@ BASE = {
 async def run(
     state: Path, *, stop_after: int | None = None, snapshots: bool = True, **overrides: object
 ) -> RunSummary:
-    config = from_dict({**BASE, **overrides})
-    async with MemoryBroker(MemoryHub(), config.run) as broker:  # a fresh "cluster" every time
-        return await run_workload(
-            broker,
-            SECRET,
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=state,
-            snapshots=snapshots,
-            stop_after_snapshots=stop_after,
-        )
+    return await embedded_run({**BASE, **overrides}, state, snapshots=snapshots, stop_after=stop_after)
 
 
 async def test_snapshots_do_not_change_what_is_generated(tmp_path: Path) -> None:
