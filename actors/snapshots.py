@@ -280,7 +280,9 @@ class SnapshotCoordinator:
             "boundaries": 0,
         }
         started = time.perf_counter()
-        closed_at = None
+        paused_before = (
+            self.controller.paused_s()
+        )  # the gate's own clock measures the admission-closed window
         reached: list[SaveStep] = []
         with structlog.contextvars.bound_contextvars(checkpoint_id=cid):
             try:
@@ -288,8 +290,6 @@ class SnapshotCoordinator:
                     t0 = time.perf_counter()
                     reached.append(step.name)  # type: ignore[arg-type]
                     self.controller.faults.reach(f"save_{step.name.value}")
-                    if step.name is SaveStep.CLOSE_GATE:
-                        closed_at = time.perf_counter()
                     result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
                     self.metrics.phases_ms.setdefault(step.name.value, []).append(
                         (time.perf_counter() - t0) * 1000
@@ -309,8 +309,9 @@ class SnapshotCoordinator:
                 self.metrics.consecutive_failures += 1
                 raise
             finally:
-                if closed_at is not None and self.controller.gate_open:
-                    self.metrics.pause_ms.append((time.perf_counter() - closed_at) * 1000)
+                window = self.controller.paused_s() - paused_before
+                if window > 0 and self.controller.gate_open:  # a skipped snapshot never closed the gate
+                    self.metrics.pause_ms.append(window * 1000)
         self.metrics.published += 1
         self.metrics.consecutive_failures = 0
         path = self.run_dir / f"snapshot_{seq}"
