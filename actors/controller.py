@@ -23,10 +23,10 @@ from parkway.actors.config import RunConfig, parse_fault
 from parkway.actors.runtime import Actor
 from parkway.actors.snapshots import SnapshotCoordinator, SnapshotMetrics
 from parkway.actors.tasks import Task
-from parkway.actors.trainer import ExampleTrainer, GroupResult, Trainer
+from parkway.actors.trainer import ExampleTrainer, GroupResult, Trainer, TrainStep
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
-from parkway.protocol.ids import actor_address, capture_key
+from parkway.protocol.ids import actor_address, capture_key, new_checkpoint_id
 from parkway.protocol.ledger import AttemptState, Granularity, Ledger, SealOutcome
 from parkway.protocol.messages import (
     Ack,
@@ -39,6 +39,7 @@ from parkway.protocol.messages import (
     Error,
     Failed,
     FetchRows,
+    LoadWeights,
     Message,
     Retire,
     Run,
@@ -47,12 +48,14 @@ from parkway.protocol.messages import (
     SnapshotTaken,
     Status,
     StatusReport,
+    WeightsLoaded,
 )
 from parkway.protocol.snapshot import SnapshotFailure
 
 log = structlog.get_logger("parkway.controller")
 
 ACK_FLUSH_S = 0.01
+WEIGHTS_TIMEOUT_S = 600.0  # loading a large model's weights from disk takes minutes, not seconds
 
 
 class SetupError(Exception):
@@ -704,6 +707,8 @@ class Controller(Actor):
                 for row in reply.rows:
                     self._sealed_rows[row.rollout_id] = row.reward
             step = trainer.train(results)
+            if step.weights_dir is not None:
+                await self._load_weights(step)
             self.policy_version = step.policy_version
             self.counts["train_steps"] += 1
             log.info(
@@ -720,6 +725,21 @@ class Controller(Actor):
             every = self._config.trainer.checkpoint_every
             if every and self.counts["train_steps"] % every == 0:
                 await self._checkpoint_trainer(trainer)
+
+    async def _load_weights(self, step: TrainStep) -> None:
+        """The policy loads the step's weights before any rollout is dispatched with its version. Not
+        during a snapshot: the policy's record of its weights must be the ones its rollouts used."""
+        assert step.weights_dir is not None
+        command = LoadWeights(
+            checkpoint_id=new_checkpoint_id("weights"),
+            deadline=time.time() + WEIGHTS_TIMEOUT_S,
+            directory=step.weights_dir,
+            policy_version=step.policy_version,
+        )
+        async with self._snapshot_lock:
+            reply = await self.client.call("policy/0", command)
+        assert isinstance(reply, WeightsLoaded)
+        self.counts["weight_updates"] += 1
 
     async def _checkpoint_trainer(self, trainer: Trainer) -> None:
         """A trainer checkpoint: the fallback marker first, then the trainer's state, then a snapshot

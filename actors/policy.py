@@ -21,6 +21,7 @@ for redelivery; the same request and seed give the same tokens again.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,11 +39,13 @@ from parkway.protocol.messages import (
     FileDigest,
     Generate,
     Generated,
+    LoadWeights,
     Message,
     Restore,
     Retire,
     Rows,
     StagingRow,
+    WeightsLoaded,
 )
 
 log = structlog.get_logger("parkway.policy")
@@ -71,7 +74,15 @@ class Policy(Participant):
         self._stopping = asyncio.Event()
         self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
         self._held: set[str] = set()  # request ids whose replies wait for release
+        # A weight update: new calls wait while it runs; it waits for the calls generating to finish.
+        self.weights_dir: str | None = None  # None: the weights the engines started with
+        self._weights_open = asyncio.Event()
+        self._weights_open.set()
+        self._weights_lock = asyncio.Lock()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.handlers[Generate] = self.on_generate
+        self.handlers[LoadWeights] = self.on_load_weights
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,6 +107,7 @@ class Policy(Participant):
         # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
         version = max(call.policy_version, self.policy_version)
         self._generating[request_id] = attempt
+        self._idle.clear()
         try:
             result = await self.pool.generate(
                 GenerationRequest(
@@ -108,6 +120,8 @@ class Policy(Participant):
             )
         finally:
             self._generating.pop(request_id, None)
+            if not self._generating:
+                self._idle.set()
         self.counts["model_calls"] += 1
         self.counts["tokens_generated"] += len(result.token_ids)
         self._refuse_retired(attempt)  # retired while generating: nothing to capture, nobody to answer
@@ -155,6 +169,56 @@ class Policy(Participant):
                 await self.pool.abort(request_id)
         return reply
 
+    # -- weight updates ------------------------------------------------------------------------
+    async def on_load_weights(self, command: LoadWeights) -> Message:
+        """New weights for every engine replica. Calls already generating finish on the old weights
+        (their version is the one they were sent with); calls that arrive meanwhile wait, then run on
+        the new ones. Loading the version already loaded from the same directory is a no-op."""
+        async with self._weights_lock:
+            if command.policy_version < self.policy_version or (
+                command.policy_version == self.policy_version and command.directory != self.weights_dir
+            ):
+                raise ProtocolError(
+                    ErrorCode.INVALID_MESSAGE,
+                    f"policy version {command.policy_version} from {command.directory} is not newer than "
+                    f"the loaded {self.policy_version} from {self.weights_dir or 'the start-up weights'}",
+                )
+            if command.policy_version == self.policy_version:
+                return WeightsLoaded(
+                    policy_version=self.policy_version, directory=command.directory, replicas=0, seconds=0.0
+                )
+            started = time.monotonic()
+            replicas = await self._load(command.directory)
+            self.policy_version = command.policy_version
+            self.counts["weight_updates"] += 1
+            seconds = time.monotonic() - started
+            log.info(
+                "weights_loaded",
+                policy_version=self.policy_version,
+                directory=command.directory,
+                replicas=replicas,
+                seconds=round(seconds, 3),
+            )
+            return WeightsLoaded(
+                policy_version=self.policy_version,
+                directory=command.directory,
+                replicas=replicas,
+                seconds=seconds,
+            )
+
+    async def _load(self, directory: str) -> int:
+        self._weights_open.clear()
+        try:
+            await self._idle.wait()
+            try:
+                replicas = await self.pool.load_weights(directory)
+            except (FileNotFoundError, NotImplementedError) as exc:
+                raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"weights not loaded: {exc}") from None
+            self.weights_dir = directory
+            return replicas
+        finally:
+            self._weights_open.set()
+
     def _refuse_retired(self, attempt: tuple[str, int]) -> None:
         if attempt in self.retired:
             raise ProtocolError(ErrorCode.STALE_ATTEMPT, f"attempt {attempt[1]} of {attempt[0]} is retired")
@@ -164,10 +228,11 @@ class Policy(Participant):
 
         ``why`` is "admission" (the call has not started generating) or "reply" (a held reply).
         """
-        while not self._admission.is_set():
+        while not self._admission.is_set() or (why == "admission" and not self._weights_open.is_set()):
             if self._stopping.is_set():
                 raise asyncio.CancelledError  # left unacked: redelivered to the next policy process
-            opened = asyncio.ensure_future(self._admission.wait())
+            gate = self._weights_open if self._admission.is_set() else self._admission
+            opened = asyncio.ensure_future(gate.wait())
             stopping = asyncio.ensure_future(self._stopping.wait())
             try:
                 await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -192,6 +257,7 @@ class Policy(Participant):
             "checkpoint_id": command.checkpoint_id,
             "episodes": [msgspec.to_builtins(e) for e in command.episodes],
             "policy_version": self.policy_version,
+            "weights_dir": self.weights_dir,
             "generating": sorted(self._generating),
             "held": sorted(self._held),
         }
@@ -204,6 +270,10 @@ class Policy(Participant):
             self.retired.add(attempt)
             await self.pool.abort(request_id)
         [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
+        weights_dir = record.get("weights_dir")
+        if weights_dir is not None and weights_dir != self.weights_dir:
+            # The rollouts resume on the weights they were generating with, not on the start-up ones.
+            await self._load(weights_dir)
         self.policy_version = int(record["policy_version"])
         return ()
 
@@ -213,6 +283,10 @@ class Policy(Participant):
     @property
     def admission_open(self) -> bool:
         return self._admission.is_set()
+
+    @property
+    def loading_weights(self) -> bool:
+        return not self._weights_open.is_set()
 
     @property
     def held_replies(self) -> int:

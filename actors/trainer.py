@@ -30,6 +30,9 @@ class TrainStep:
     failed: int
     mean_reward: float
     tokens: int
+    # Where the step saved the new policy's weights (a real trainer); the controller has the policy load
+    # them before the next generation. None: nothing to load (the example trainer).
+    weights_dir: str | None = None
 
 
 class Trainer(ABC):

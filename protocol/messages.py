@@ -172,6 +172,21 @@ class Snapshot(ControlCommand, frozen=True, kw_only=True):
     """
 
 
+class LoadWeights(ControlCommand, frozen=True, kw_only=True):
+    """Policy: load new weights from ``directory`` into every engine replica; they become
+    ``policy_version``. Generations already running finish on the old weights; new ones wait."""
+
+    directory: str
+    policy_version: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.directory:
+            raise ValueError("directory is empty")
+        if self.policy_version < 1:
+            raise ValueError(f"policy_version {self.policy_version} < 1")
+
+
 CONTROL_COMMANDS: tuple[type[ControlCommand], ...] = (
     Discover,
     Status,
@@ -185,6 +200,7 @@ CONTROL_COMMANDS: tuple[type[ControlCommand], ...] = (
     Forget,
     Probe,
     Snapshot,
+    LoadWeights,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +261,13 @@ class SnapshotTaken(Message, frozen=True, kw_only=True):
     snapshot: str  # snapshot_<seq>, or "" when skipped (nothing new since the last one)
     checkpoint_id: str = ""
     skipped: bool = False
+
+
+class WeightsLoaded(Message, frozen=True, kw_only=True):
+    policy_version: int
+    directory: str
+    replicas: int
+    seconds: float
 
 
 class ProbeResult(Message, frozen=True, kw_only=True):
@@ -407,6 +430,7 @@ AnyMessage = (
     | Forget
     | Probe
     | Snapshot
+    | LoadWeights
     | Error
     | Ok
     | Capabilities
@@ -416,6 +440,7 @@ AnyMessage = (
     | Restored
     | ProbeResult
     | SnapshotTaken
+    | WeightsLoaded
     | Run
     | Generate
     | Generated

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,12 @@ class GenerationResult:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" (a stop token), "length" (max_tokens), "abort"
+
+
+def require_directory(directory: str) -> None:
+    """A weights directory must exist: a wrong path fails the update, it never half-applies."""
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"weights directory {directory} does not exist")
 
 
 class Engine(ABC):
@@ -41,3 +48,10 @@ class Engine(ABC):
 
     @abstractmethod
     def in_flight(self) -> int: ...
+
+    async def load_weights(self, directory: str) -> None:
+        """Replace the weights with those in ``directory`` (a checkpoint in the model's own format).
+
+        Called with nothing in flight. Engines without weights accept any existing directory.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights")

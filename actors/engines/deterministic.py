@@ -21,7 +21,7 @@ import struct
 from collections import defaultdict
 
 from parkway.actors import chat
-from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult
+from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult, require_directory
 
 FILLER = (
     "let",
@@ -54,6 +54,7 @@ class DeterministicEngine(Engine):
         self.per_token_delay_s = per_token_delay_s
         self.filler_words = filler_words
         self._running = 0
+        self.weights: str | None = None
         self._aborts: dict[str, list[asyncio.Event]] = defaultdict(list)
 
     # -- the model ---------------------------------------------------------------------------
@@ -119,6 +120,12 @@ class DeterministicEngine(Engine):
 
     def in_flight(self) -> int:
         return self._running
+
+    async def load_weights(self, directory: str) -> None:
+        # No weights to replace: a rule-based stand-in for a model. The directory must still exist, so
+        # a wrong path fails here as it would with a real engine.
+        require_directory(directory)
+        self.weights = directory
 
 
 def request_rng(seed: int, token_ids: tuple[int, ...] | list[int]) -> random.Random:

@@ -7,6 +7,7 @@ Ray ObjectRefs are awaited directly from asyncio.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from dataclasses import dataclass, field
@@ -59,6 +60,9 @@ class EngineActor:
 
     async def in_flight(self) -> int:
         return self.engine.in_flight()
+
+    async def load_weights(self, directory: str) -> None:
+        await self.engine.load_weights(directory)
 
     async def ready(self) -> bool:
         await self.engine.start()
@@ -169,6 +173,16 @@ class EnginePool:
         if self._engine is not None:
             return self._engine.in_flight()
         return self._dispatched
+
+    async def load_weights(self, directory: str) -> int:
+        """Load ``directory`` into every replica (all of them, or the call fails); returns how many."""
+        if not self.started:
+            raise RuntimeError("engine pool is not started")
+        if self._engine is not None:
+            await self._engine.load_weights(directory)
+            return 1
+        await asyncio.gather(*(actor.load_weights.remote(directory) for actor in self._actors))
+        return len(self._actors)
 
     async def replica_in_flight(self) -> list[int]:
         """What each replica itself counts as running (host "ray"), or the inline engine's count."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult
+from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult, require_directory
 
 # Offline and deterministic: no hub, no usage reports, no compile step that changes start-up time.
 OFFLINE_ENV = {
@@ -104,3 +104,12 @@ class VllmEngine(Engine):
 
     def in_flight(self) -> int:
         return len(self._running)
+
+    async def load_weights(self, directory: str) -> None:
+        """Reload every weight in place from ``directory`` (same architecture, e.g. a trainer's save),
+        then drop the prefix cache: KV blocks computed with the old weights must not be reused."""
+        assert self._llm is not None, "engine not started"
+        require_directory(directory)
+        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        await self._llm.reset_prefix_cache()
+        self.model = directory

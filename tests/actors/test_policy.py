@@ -31,6 +31,7 @@ from parkway.protocol.messages import (
     Error,
     Generate,
     Generated,
+    LoadWeights,
     Message,
     Ok,
     Prepare,
@@ -39,6 +40,7 @@ from parkway.protocol.messages import (
     Retire,
     Rows,
     StagingRow,
+    WeightsLoaded,
 )
 
 from tests.actors.helpers import SECRET
@@ -67,6 +69,8 @@ class Observed(Policy):
     async def wait_for_gate(self, request_id: str, why: str) -> None:
         if not self.admission_open:
             self.at_gate.put_nowait((request_id, why))
+        elif why == "admission" and self.loading_weights:
+            self.at_gate.put_nowait((request_id, "weights"))
         await super().wait_for_gate(request_id, why)
 
 
@@ -267,3 +271,93 @@ async def test_stop_leaves_calls_at_the_closed_gate_for_redelivery(make_cluster)
         assert isinstance(reply, Generated) and reply.call_index == 4
     finally:
         await successor.stop()
+
+
+def load_weights(directory: Path | str, version: int, checkpoint_id: str = "w-1") -> LoadWeights:
+    return LoadWeights(
+        checkpoint_id=checkpoint_id, deadline=soon(), directory=str(directory), policy_version=version
+    )
+
+
+async def test_a_weight_update_waits_for_calls_generating_and_holds_new_ones_until_loaded(
+    make_cluster, tmp_path: Path
+) -> None:
+    cluster = await make_cluster()
+    policy = cluster.policy
+    weights = tmp_path / "step-1"
+    weights.mkdir()
+    generating, may_generate = asyncio.Event(), asyncio.Event()
+    loading, may_load = asyncio.Event(), asyncio.Event()
+    engine_generate, engine_load = policy.pool.generate, policy.pool.load_weights
+
+    async def gated_generate(request: GenerationRequest):
+        if request.request_id == "g_g0:0":
+            generating.set()
+            await may_generate.wait()
+        return await engine_generate(request)
+
+    async def gated_load(directory: str) -> int:
+        loading.set()
+        await may_load.wait()
+        return await engine_load(directory)
+
+    policy.pool.generate = gated_generate  # type: ignore[method-assign]
+    policy.pool.load_weights = gated_load  # type: ignore[method-assign]
+    old_call = asyncio.ensure_future(cluster.generate(call_index=0))
+    await asyncio.wait_for(generating.wait(), 5)
+    update = asyncio.ensure_future(cluster.control(load_weights(weights, 1)))
+    new_call = asyncio.ensure_future(cluster.generate(call_index=1))
+    # The new call waits at the weights gate; the update waits for the old call, not the other way.
+    assert await asyncio.wait_for(policy.at_gate.get(), 5) == ("g_g0:1", "weights")
+    assert not loading.is_set() and not update.done()
+    may_generate.set()
+    old = await asyncio.wait_for(old_call, 5)
+    assert isinstance(old, Generated) and old.policy_version == 0  # finished on the old weights
+    await asyncio.wait_for(loading.wait(), 5)
+    assert not new_call.done() and policy.generating == 0
+    may_load.set()
+    loaded = await asyncio.wait_for(update, 5)
+    assert isinstance(loaded, WeightsLoaded)
+    assert (loaded.policy_version, loaded.directory, loaded.replicas) == (1, str(weights), 1)
+    new = await asyncio.wait_for(new_call, 5)
+    assert isinstance(new, Generated) and new.policy_version == 1
+    assert policy.counts["weight_updates"] == 1 and policy.weights_dir == str(weights)
+    assert policy.pool._engine.weights == str(weights)  # the engine itself was told
+
+
+async def test_bad_weight_updates_get_typed_errors_and_change_nothing(make_cluster, tmp_path: Path) -> None:
+    cluster = await make_cluster()
+    policy = cluster.policy
+    first = tmp_path / "step-2"
+    first.mkdir()
+    missing = await cluster.control(load_weights(tmp_path / "nowhere", 1, "w-missing"))
+    assert isinstance(missing, Error) and missing.code is ErrorCode.INVALID_MESSAGE
+    assert "does not exist" in missing.detail and policy.policy_version == 0
+    assert isinstance(await cluster.control(load_weights(first, 2, "w-2")), WeightsLoaded)
+    again = await cluster.control(load_weights(first, 2, "w-2-again"))  # the same version: a no-op
+    assert again == WeightsLoaded(policy_version=2, directory=str(first), replicas=0, seconds=0.0)
+    older = await cluster.control(load_weights(first, 1, "w-older"))
+    assert isinstance(older, Error) and older.code is ErrorCode.INVALID_MESSAGE
+    other = tmp_path / "other"
+    other.mkdir()
+    clash = await cluster.control(load_weights(other, 2, "w-clash"))  # same version, other weights
+    assert isinstance(clash, Error) and clash.code is ErrorCode.INVALID_MESSAGE
+    assert (policy.policy_version, policy.weights_dir, policy.counts["weight_updates"]) == (2, str(first), 1)
+    reply = await cluster.generate(call_index=0)  # still serving
+    assert isinstance(reply, Generated) and reply.policy_version == 2
+
+
+async def test_a_restored_policy_reloads_the_weights_its_rollouts_used(make_cluster, tmp_path: Path) -> None:
+    cluster = await make_cluster()
+    weights = tmp_path / "step-3"
+    weights.mkdir()
+    assert isinstance(await cluster.control(load_weights(weights, 3)), WeightsLoaded)
+    await cluster.control(Prepare(checkpoint_id="ck-w", deadline=soon()))
+    record = await cluster.commit_and_resume("ck-w")
+    assert (record["policy_version"], record["weights_dir"]) == (3, str(weights))
+    fresh = await make_cluster()  # a new policy process: start-up weights, version 0
+    assert fresh.policy.weights_dir is None
+    location = fresh.policy.participant_dir("tmp_ck-w")
+    restored = await fresh.policy.install_snapshot(location, None)  # type: ignore[arg-type]
+    assert restored == () and fresh.policy.policy_version == 3
+    assert fresh.policy.weights_dir == str(weights) and fresh.policy.pool._engine.weights == str(weights)

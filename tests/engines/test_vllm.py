@@ -54,6 +54,32 @@ def test_same_seed_same_tokens_other_seed_other_tokens(pool) -> None:
     assert other.token_ids != first.token_ids
 
 
+def test_new_weights_from_a_directory_change_the_logprobs_and_the_old_ones_bring_them_back(
+    pool, tmp_path: Path
+) -> None:
+    runner, engines = pool
+    original = engines.spec.kwargs["model"]
+    retrained = build_tiny_model(tmp_path / "step-1", seed=1)  # same architecture, other weights
+
+    async def sample(request_id: str):
+        return await engines.generate(GenerationRequest(request_id, PROMPT, seed=7, max_tokens=48))
+
+    async def go():
+        before = await sample("w0")
+        replicas = await engines.load_weights(str(retrained))
+        after = await sample("w1")
+        await engines.load_weights(original)
+        back = await sample("w2")
+        return before, replicas, after, back
+
+    before, replicas, after, back = runner.run(go())
+    assert replicas == 1 and len(before.token_ids) > 0
+    # A tiny random model's logits are nearly flat, so the seeded sampler often picks the same tokens
+    # under both weights; the logprobs of those tokens show which weights computed them.
+    assert after.logprobs != before.logprobs
+    assert (back.token_ids, back.logprobs) == (before.token_ids, before.logprobs)
+
+
 def test_abort_ends_a_generation_and_in_flight_drains_to_zero(pool) -> None:
     runner, engines = pool
 
