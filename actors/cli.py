@@ -4,7 +4,7 @@ parkway up         every actor in one process (in-memory broker unless --broker)
 parkway actor      one actor as a service
 parkway publish    send one signed command to an actor and print its typed reply
 parkway status     ask actors for their status
-parkway logs       every actor's log lines for one checkpoint id, from the broker's log stream
+parkway logs       every actor's log lines (of one checkpoint id, actor, rollout), live or from saved files
 parkway dead-letters   take messages off the run's dead-letter queue and print them
 parkway sign       print the signature headers for a body (for rabbitmqadmin and other clients)
 """
@@ -17,15 +17,17 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from parkway.actors import cluster_status
 from parkway.actors.client import Client
 from parkway.actors.config import ConfigError
 from parkway.actors.config import load as load_config
 from parkway.actors.controller import RunSummary, SetupError
+from parkway.actors.heartbeat import HEARTBEAT_EVENT
 from parkway.actors.logs import configure_logging
 from parkway.actors.roles import DEFAULT_TOPOLOGY, ROLES
 from parkway.actors.service import build_actor, serve
@@ -33,11 +35,12 @@ from parkway.actors.settings import RunSettings, SettingsError
 from parkway.actors.tasks import load_tasks
 from parkway.actors.workload import run_workload
 from parkway.brokers import BrokerError, RequestTimeout, connect
+from parkway.brokers.base import Broker
 from parkway.brokers.urls import redact_url
 from parkway.protocol import SCHEMA_VERSION, codec
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import actor_address, new_checkpoint_id, parse_address, validate_checkpoint_id
-from parkway.protocol.messages import CONTROL_COMMANDS, Error, Probe, Snapshot, Status, StatusReport
+from parkway.protocol.messages import CONTROL_COMMANDS, Error, Probe, Snapshot
 from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
 
 COMMANDS = {cls.__name__.lower(): cls for cls in CONTROL_COMMANDS}
@@ -131,19 +134,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json-body", action="store_true", help="send the body as JSON instead of MessagePack")
     p.set_defaults(func=_cmd_publish)
 
-    p = sub.add_parser("status", help="ask actors for their status")
+    p = sub.add_parser(
+        "status", help="one table of every actor of a run: phase, checkpoint, lease, heartbeat"
+    )
     common(p)
-    p.add_argument("--topology", default=_topology_text(DEFAULT_TOPOLOGY))
-    p.add_argument("--timeout", type=float, default=3.0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--topology", default=_topology_text(DEFAULT_TOPOLOGY), help="actors to ask even without a heartbeat"
+    )
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each actor's answer")
+    p.add_argument(
+        "--window", type=float, default=60.0, help="list actors heard from in the last N seconds (0: off)"
+    )
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="one JSON array per refresh")
     p.set_defaults(func=_cmd_status)
 
-    p = sub.add_parser("logs", help="log lines of one checkpoint id from every actor")
+    p = sub.add_parser(
+        "logs", help="log lines of a run from every actor (the broker's log stream, or saved files)"
+    )
     common(p)
-    p.add_argument("--checkpoint-id", required=True)
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="saved JSON-lines log files to read instead of the broker ('-' for stdin)",
+    )
+    p.add_argument("--checkpoint-id", help="only lines of this checkpoint id")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines as they arrive")
     p.add_argument("--actor", help="only lines of this actor (ROLE/REPLICA)")
     p.add_argument("--rollout-id", help="only lines of this rollout")
+    p.add_argument("--event", help="only lines of this event")
+    p.add_argument("--heartbeats", action="store_true", help="include the actors' heartbeat lines")
     p.add_argument("--json", action="store_true", help="print the raw JSON lines")
     p.add_argument(
         "--idle",
@@ -216,8 +237,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             client = Client(broker, secret=settings.secret, sender=_cli_sender())
 
             async def report() -> None:
-                rows = await _collect_status(client, [a.address for a in actors], timeout=3.0)
-                print(_status_table(rows), file=sys.stderr, flush=True)
+                rows = await cluster_status.collect(client, [a.address for a in actors], timeout=3.0)
+                print(cluster_status.table(rows), file=sys.stderr, flush=True)
                 probe = Probe(checkpoint_id=new_checkpoint_id("probe"), deadline=time.time() + 5)
                 for actor in actors:
                     await client.call(actor.address, probe)
@@ -390,52 +411,33 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
-async def _collect_status(client: Client, addresses: list[str], *, timeout: float) -> list[dict[str, Any]]:
-    async def one(address: str) -> dict[str, Any]:
-        status = Status(checkpoint_id=new_checkpoint_id("status"), deadline=time.time() + timeout)
-        try:
-            reply = await client.request(address, status)
-        except (RequestTimeout, BrokerError) as exc:
-            return {"address": address, "reachable": False, "error": str(exc)}
-        if isinstance(reply, StatusReport):
-            return {"address": address, "reachable": True, **msgspec.to_builtins(reply)}
-        return {"address": address, "reachable": False, "error": str(reply)}
-
-    return list(await asyncio.gather(*(one(a) for a in addresses)))
-
-
-def _status_table(rows: list[dict[str, Any]]) -> str:
-    now = time.time()
-    header = f"{'ACTOR':<14} {'PHASE':<10} {'CHECKPOINT':<32} {'LEASE':>7} {'IN-FLIGHT':>9} {'HANDLED':>8} {'PID':>7}"
-    lines = [header]
-    for row in rows:
-        if not row["reachable"]:
-            lines.append(f"{row['address']:<14} {'(no reply)':<10} {row.get('error', '')}")
-            continue
-        lease = row.get("lease_expires_at")
-        lease_text = f"{lease - now:.1f}s" if lease else "-"
-        lines.append(
-            f"{row['address']:<14} {row['phase']:<10} {row.get('checkpoint_id') or '-':<32} {lease_text:>7} "
-            f"{row['in_flight']:>9} {row['handled']:>8} {row['pid']:>7}"
-        )
-    return "\n".join(lines)
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
     addresses = _addresses(_parse_topology(args.topology))
 
+    async def once(broker: Broker, client: Client) -> list[dict[str, Any]]:
+        beats = await cluster_status.last_heartbeats(broker, window_s=args.window) if args.window > 0 else {}
+        return await cluster_status.collect(client, addresses, timeout=args.timeout, heartbeats=beats)
+
     async def go() -> int:
         async with connect(settings.broker_url, settings.run) as broker:
             client = Client(broker, secret=settings.secret, sender=_cli_sender())
-            rows = await _collect_status(client, addresses, timeout=args.timeout)
-        if args.json:
-            _print_json(rows)
-        else:
-            print(_status_table(rows))
-        return 0 if all(r["reachable"] for r in rows) else 1
+            while True:
+                rows = await once(broker, client)
+                if args.json:
+                    _print_json(rows)
+                else:
+                    if args.watch:
+                        print("\x1b[H\x1b[2J", end="")  # clear the terminal, like `watch`
+                    print(cluster_status.table(rows), flush=True)
+                if not args.watch:
+                    return 0 if all(r["reachable"] for r in rows) else 1
+                await asyncio.sleep(args.watch)
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except KeyboardInterrupt:
+        return 0
 
 
 def format_log_line(record: dict[str, Any]) -> str:
@@ -446,39 +448,79 @@ def format_log_line(record: dict[str, Any]) -> str:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, allow_ephemeral_secret=True)
     decoder = msgspec.json.Decoder(dict[str, Any])
 
     def wanted(record: dict[str, Any]) -> bool:
+        if record.get("event") == HEARTBEAT_EVENT and not args.heartbeats:
+            return False
         return (
-            record.get("checkpoint_id") == args.checkpoint_id
+            (args.checkpoint_id is None or record.get("checkpoint_id") == args.checkpoint_id)
             and (args.actor is None or record.get("actor") == args.actor)
             and (args.rollout_id is None or record.get("rollout_id") == args.rollout_id)
+            and (args.event is None or record.get("event") == args.event)
         )
 
-    async def go() -> int:
+    shown = 0
+
+    def show(raw: bytes | str) -> None:
+        nonlocal shown
+        try:
+            record = decoder.decode(raw)
+        except msgspec.DecodeError:
+            return  # a line that is not ours (a traceback, another tool's output)
+        if wanted(record):
+            shown += 1
+            text = raw.decode() if isinstance(raw, bytes) else raw
+            print(text.rstrip("\n") if args.json else format_log_line(record), flush=True)
+
+    if args.files:
+        try:
+            for line in read_log_files(args.files, follow=args.follow):
+                show(line)
+        except OSError as exc:
+            print(f"parkway: logs: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 0
+        return 0 if shown else 1
+
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, allow_ephemeral_secret=True)
+
+    async def go() -> None:
         async with connect(settings.broker_url, settings.run) as broker:
             lines = broker.follow_logs(from_start=True)
-            shown = 0
             while True:
                 try:
                     raw = await (anext(lines) if args.follow else asyncio.wait_for(anext(lines), args.idle))
                 except TimeoutError:
                     break
-                try:
-                    record = decoder.decode(raw)
-                except msgspec.DecodeError:
-                    continue
-                if wanted(record):
-                    shown += 1
-                    print(raw.decode() if args.json else format_log_line(record), flush=True)
+                show(raw)
             await lines.aclose()
-        return 0 if shown else 1
 
     try:
-        return asyncio.run(go())
+        asyncio.run(go())
     except KeyboardInterrupt:
         return 0
+    return 0 if shown else 1
+
+
+def read_log_files(paths: list[str], *, follow: bool = False, poll_s: float = 0.2) -> Iterator[str]:
+    """Every line of each file in turn ('-' is stdin); with ``follow``, then new lines of the last file
+    as they are appended (like ``tail -f``)."""
+    for index, path in enumerate(paths):
+        handle = sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+        try:
+            yield from handle
+            if follow and index == len(paths) - 1 and path != "-":
+                while True:
+                    line = handle.readline()
+                    if line:
+                        yield line
+                    else:
+                        time.sleep(poll_s)
+        finally:
+            if handle is not sys.stdin:
+                handle.close()
 
 
 def _cmd_dead_letters(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import structlog
+from parkway.actors import heartbeat
 from parkway.actors.client import Client
 from parkway.actors.faults import FaultPoints
 from parkway.actors.replies import ReplyCache
@@ -89,6 +90,7 @@ class Actor:
         self._consumer: Consumer | None = None
         self._stopped = asyncio.Event()
         self._probe_log = state_dir / "probe.log" if state_dir else None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     @property
     def run(self) -> str:
@@ -101,11 +103,17 @@ class Actor:
     async def start(self) -> None:
         await self.broker.declare(self.address)
         self._consumer = await self.broker.consume(self.address, self._on_delivery, prefetch=self.prefetch)
+        self._heartbeat = asyncio.get_running_loop().create_task(heartbeat.beat(self))
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             log.info("actor_started", pid=os.getpid())
 
     async def stop(self) -> None:
         """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
         if self._consumer is not None:
             self._consumer.pause()
             with structlog.contextvars.bound_contextvars(**self.log_context()):
@@ -261,20 +269,24 @@ class Actor:
     def status_extras(self) -> dict[str, Any]:
         return {}
 
-    async def on_status(self, _: Status) -> Message:
+    def status_fields(self, *, asking: int = 0) -> dict[str, Any]:
+        """What ``Status`` and the heartbeat report; ``asking`` messages in flight are the question."""
         fields: dict[str, Any] = {
             "role": self.role,
             "replica": self.replica,
             "run": self.run,
             "pid": os.getpid(),
             "phase": self.phase_name(),
-            "in_flight": max(0, self.in_flight - 1),  # not counting this Status itself
+            "in_flight": max(0, self.in_flight - asking),
             "started_at": self.started_at,
             "handled": self.handled,
             "counts": dict(self.counts),
         }
         fields.update(self.status_extras())  # a role may say better what "in flight" means for it
-        return StatusReport(**fields)
+        return fields
+
+    async def on_status(self, _: Status) -> Message:
+        return StatusReport(**self.status_fields(asking=1))
 
     async def on_discover(self, _: Discover) -> Message:
         return Capabilities(role=self.role, replica=self.replica)

@@ -224,8 +224,11 @@ class Broker(ABC):
     async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None: ...
 
     @abstractmethod
-    def follow_logs(self, *, from_start: bool = True) -> AsyncIterator[bytes]:
-        """Log lines of this run, oldest first when ``from_start``, then live ones as they come."""
+    def follow_logs(self, *, from_start: bool = True, since: float | None = None) -> AsyncIterator[bytes]:
+        """Log lines of this run, oldest first when ``from_start``, then live ones as they come.
+
+        ``since`` (Unix time) skips most older lines: a stream seeks by chunk, so a few older ones may
+        still come; readers that care compare the lines' own ``ts``."""
 
 
 class PendingReplies:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
@@ -41,7 +42,8 @@ class MemoryHub:
     def __init__(self) -> None:
         self.queues: dict[tuple[str, str], _Queue] = {}
         self.dead: dict[str, collections.deque[Envelope]] = collections.defaultdict(collections.deque)
-        self.logs: dict[str, collections.deque[bytes]] = collections.defaultdict(
+        # Each run's log stream: (time published, line).
+        self.logs: dict[str, collections.deque[tuple[float, bytes]]] = collections.defaultdict(
             lambda: collections.deque(maxlen=LOG_STREAM_LIMIT)
         )
         self.log_followers: dict[str, set[asyncio.Queue[bytes]]] = collections.defaultdict(set)
@@ -179,13 +181,19 @@ class MemoryBroker(Broker):
         return taken
 
     async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None:
-        self.hub.logs[self.run].append(line)
+        self.hub.logs[self.run].append((time.time(), line))
         for follower in self.hub.log_followers[self.run]:
             follower.put_nowait(line)
 
-    async def follow_logs(self, *, from_start: bool = True) -> AsyncIterator[bytes]:
+    async def follow_logs(
+        self, *, from_start: bool = True, since: float | None = None
+    ) -> AsyncIterator[bytes]:
         live: asyncio.Queue[bytes] = asyncio.Queue()
-        backlog = list(self.hub.logs[self.run]) if from_start else []
+        backlog = [
+            line
+            for published, line in (self.hub.logs[self.run] if from_start else ())
+            if since is None or published >= since
+        ]
         self.hub.log_followers[self.run].add(live)
         try:
             for line in backlog:

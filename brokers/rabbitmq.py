@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -262,7 +263,9 @@ class RabbitBroker(Broker):
         )
         await self._logs.publish(message, routing_key="")
 
-    async def follow_logs(self, *, from_start: bool = True) -> AsyncIterator[bytes]:
+    async def follow_logs(
+        self, *, from_start: bool = True, since: float | None = None
+    ) -> AsyncIterator[bytes]:
         assert self._connection is not None, "broker not started"
         channel = await self._connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=1000)  # streams require a prefetch limit
@@ -273,9 +276,10 @@ class RabbitBroker(Broker):
             lines.put_nowait(message.body)
             await message.ack()
 
-        await queue.consume(
-            on_line, no_ack=False, arguments={"x-stream-offset": "first" if from_start else "next"}
-        )
+        offset: object = "first" if from_start else "next"
+        if from_start and since is not None:
+            offset = datetime.datetime.fromtimestamp(since, datetime.UTC)  # an AMQP timestamp: seek by time
+        await queue.consume(on_line, no_ack=False, arguments={"x-stream-offset": offset})
         try:
             while True:
                 yield await lines.get()

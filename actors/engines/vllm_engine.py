@@ -54,9 +54,17 @@ class VllmEngine(Engine):
         for key, value in OFFLINE_ENV.items():
             os.environ.setdefault(key, value)
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **self.options))
+        options = dict(self.options)
+        if current_platform.is_cpu():
+            # vLLM's CPU worker cannot rewind a seeded request's generator, which it does when a
+            # chunked prefill's sampled token is thrown away ("CPU Generator does not use offset"
+            # kills the engine core once prompts are split across steps). Whole prefills avoid it.
+            options.setdefault("enable_chunked_prefill", False)
+            options.setdefault("max_num_batched_tokens", max(8192, self.options["max_model_len"]))
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **options))
 
     async def stop(self) -> None:
         if self._llm is not None:

@@ -91,8 +91,45 @@ async def test_status_lists_each_actor(spawn, client, amqp_url, run_name, tmp_pa
     )
     rows = {row["address"]: row for row in json.loads(result.stdout)}
     assert rows["agent/0"]["pid"] == actors[0].pid and rows["agent/1"]["pid"] == actors[1].pid
+    assert (rows["agent/1"]["role"], rows["agent/1"]["replica"], rows["agent/1"]["phase"]) == (
+        "agent",
+        1,
+        "idle",
+    )
     assert rows["tq/0"]["reachable"] is False  # nothing runs tq/0: said so, and the exit code says so
+    assert rows["tq/0"]["heard_at"] is None
     assert result.returncode == 1
+
+
+async def test_status_finds_actors_by_heartbeat_and_shows_a_dead_ones_last_beat(
+    spawn, client, amqp_url, run_name, tmp_path
+) -> None:
+    policy, agent = spawn("policy"), spawn("agent", 3)
+    for actor in (policy, agent):
+        await wait_ready(client, actor)
+    await client.call("policy/0", Prepare(checkpoint_id="hb-1", deadline=time.time() + 30))
+    dead_pid = agent.pid
+    agent.kill()  # SIGKILL: no goodbye, only its heartbeats remain on the stream
+    # The topology names neither actor: both are found by their heartbeats.
+    result = await asyncio.to_thread(
+        parkway, ["status", "--topology", "tq=0", "--json", "--timeout", "1"], run_name, tmp_path, amqp_url
+    )
+    rows = {row["address"]: row for row in json.loads(result.stdout)}
+    assert set(rows) == {"policy/0", "agent/3"}, rows
+    live, dead = rows["policy/0"], rows["agent/3"]
+    assert live["reachable"] and live["phase"] == "prepared" and live["checkpoint_id"] == "hb-1"
+    assert live["lease_expires_at"] > time.time() - 60 and live["pid"] == policy.pid
+    assert not dead["reachable"] and dead["pid"] == dead_pid and dead["heard_at"] <= time.time()
+    assert result.returncode == 1
+    table = await asyncio.to_thread(
+        parkway, ["status", "--topology", "tq=0", "--timeout", "1"], run_name, tmp_path, amqp_url
+    )
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:4] == ["ROLE", "REPLICA", "PHASE", "CHECKPOINT"]
+    [agent_line] = [line for line in lines if line.startswith("agent")]
+    assert "ago" in agent_line and "no reply" in agent_line and str(dead_pid) in agent_line
+    [policy_line] = [line for line in lines if line.startswith("policy")]
+    assert "prepared" in policy_line and "hb-1" in policy_line
 
 
 async def test_logs_of_one_checkpoint_from_two_processes(spawn, client, amqp_url, run_name, tmp_path) -> None:
@@ -126,6 +163,29 @@ async def test_logs_of_one_checkpoint_from_two_processes(spawn, client, amqp_url
     )
     lines = readable.stdout.splitlines()
     assert lines and all(" tq/0 " in line for line in lines) and any("phase" in line for line in lines)
+    # The same lines from the processes' saved log files (their stderr), without the broker.
+    saved = await asyncio.to_thread(
+        parkway,
+        ["logs", "--checkpoint-id", "wanted-1", "--json", str(agent.log_path), str(tq.log_path)],
+        run_name,
+        tmp_path,
+        "amqp://nowhere.invalid/",
+    )
+    assert saved.returncode == 0, saved.stderr
+    from_files = [json.loads(line) for line in saved.stdout.splitlines()]
+    assert sorted((r["actor"], r["event"], r["ts"]) for r in from_files) == sorted(
+        (r["actor"], r["event"], r["ts"]) for r in records
+    )
+    by_event = await asyncio.to_thread(
+        parkway,
+        ["logs", "--event", "phase", "--actor", "agent/0", str(agent.log_path), str(tq.log_path)],
+        run_name,
+        tmp_path,
+        "amqp://nowhere.invalid/",
+    )
+    assert by_event.returncode == 0
+    phases = by_event.stdout.splitlines()
+    assert len(phases) == 6 and all(" agent/0 " in line and " phase " in line for line in phases)
 
 
 async def test_logs_follow_a_live_checkpoint(spawn, client, amqp_url, run_name, tmp_path) -> None:
