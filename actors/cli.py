@@ -6,6 +6,7 @@ parkway publish    send one signed command to an actor and print its typed reply
 parkway status     ask actors for their status
 parkway logs       every actor's log lines (of one checkpoint id, actor, rollout), live or from saved files
 parkway dead-letters   take messages off the run's dead-letter queue and print them
+parkway snapshots  list, show or verify the snapshots on disk (list|show|verify)
 parkway sign       print the signature headers for a body (for rabbitmqadmin and other clients)
 """
 
@@ -32,6 +33,7 @@ from parkway.actors.logs import configure_logging
 from parkway.actors.roles import DEFAULT_TOPOLOGY, ROLES
 from parkway.actors.service import build_actor, serve
 from parkway.actors.settings import RunSettings, SettingsError
+from parkway.actors.snapshot_cli import register as register_snapshots
 from parkway.actors.tasks import load_tasks
 from parkway.actors.workload import run_workload
 from parkway.brokers import BrokerError, RequestTimeout, connect
@@ -178,6 +180,8 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--limit", type=int, default=100)
     p.set_defaults(func=_cmd_dead_letters)
+
+    register_snapshots(sub)
 
     p = sub.add_parser("sign", help="print signature headers for a body read from stdin")
     p.add_argument("--run")

@@ -7,6 +7,8 @@ The order of the steps is data (``protocol/snapshot.py``); each step is one meth
                                /ledger.msgpack       the recovery ledger and the trainer's anchor
                                /tq/                  TQ's staging, canonical and lineage rows
                                /participants/<role>/<replica>/   each participant's records
+
+What is on disk is read (and every problem of a snapshot found) by ``snapshot_inventory``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import structlog
+from parkway.actors.snapshot_inventory import (
+    MANIFEST_SCHEMA,
+    RESTORE_KINDS,
+    check_snapshot,
+    list_snapshots,
+    missing_staging_keys,
+    newest_trainer_step,
+    sha256_file,
+    skip_reason,
+)
 from parkway.brokers.base import BrokerError
 from parkway.protocol.ids import actor_address, new_checkpoint_id
 from parkway.protocol.ledger import Ledger
@@ -59,7 +71,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("parkway.snapshots")
 
-MANIFEST_SCHEMA = 1
 RESUME_RETRIES = 5
 
 
@@ -73,10 +84,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def fingerprint(obj: Any) -> str:
@@ -109,36 +116,13 @@ def topology_of(capabilities: list[Capabilities]) -> list[dict[str, Any]]:
 
 
 def verify_snapshot(directory: Path) -> dict[str, Any]:
-    """The manifest of a snapshot whose every listed file exists and matches its digest."""
-    manifest_path = directory / "manifest.json"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SnapshotInvalid(f"{manifest_path}: {exc}") from None
-    if manifest.get("schema") != MANIFEST_SCHEMA:
-        raise SnapshotInvalid(
-            f"{manifest_path}: schema {manifest.get('schema')!r}, expected {MANIFEST_SCHEMA}"
-        )
-    for entry in manifest["files"]:
-        path = directory / entry["path"]
-        if not path.is_file():
-            raise SnapshotInvalid(f"{directory.name}: missing file {entry['path']}")
-        if path.stat().st_size != entry["size"]:
-            raise SnapshotInvalid(
-                f"{directory.name}: {entry['path']} is {path.stat().st_size} bytes, manifest says {entry['size']}"
-            )
-        if sha256_file(path) != entry["sha256"]:
-            raise SnapshotInvalid(f"{directory.name}: {entry['path']} does not match its sha256")
-    return manifest
-
-
-def list_snapshots(run_dir: Path) -> list[tuple[int, Path]]:
-    found = []
-    for path in run_dir.glob("snapshot_*") if run_dir.is_dir() else ():
-        suffix = path.name.removeprefix("snapshot_")
-        if suffix.isdigit():
-            found.append((int(suffix), path))
-    return sorted(found)
+    """The manifest of a snapshot whose manifest reads and fits its schema and whose every listed file
+    exists with its size and sha256. Raises ``SnapshotInvalid`` with the first problem found
+    (``snapshot_inventory.check_snapshot`` lists them all)."""
+    problems = [p for p in check_snapshot(directory, deep=False) if p.kind in RESTORE_KINDS]
+    if problems:
+        raise SnapshotInvalid(problems[0].message)
+    return json.loads((directory / "manifest.json").read_text())
 
 
 def select_snapshot(
@@ -153,15 +137,10 @@ def select_snapshot(
         except SnapshotInvalid as exc:
             log.warning("snapshot_skipped", snapshot=path.name, reason=str(exc))
             continue
-        if manifest["config_fingerprint"] != config_fingerprint:
-            log.warning("snapshot_skipped", snapshot=path.name, reason="written under another configuration")
-            continue
-        if trainer_step is not None and manifest["trainer"]["step"] != trainer_step:
-            log.info(
-                "snapshot_skipped",
-                snapshot=path.name,
-                reason=f"anchored at trainer step {manifest['trainer']['step']}, not {trainer_step}",
-            )
+        reason = skip_reason(manifest, config_fingerprint=config_fingerprint, trainer_step=trainer_step)
+        if reason is not None:
+            other_work = manifest["config_fingerprint"] != config_fingerprint
+            (log.warning if other_work else log.info)("snapshot_skipped", snapshot=path.name, reason=reason)
             continue
         return path, manifest
     return None
@@ -474,15 +453,7 @@ class SnapshotCoordinator:
 
     def _check_staging_keys(self, tmp: Path) -> None:
         """Every turn an agent saved references a staging row that TQ captured."""
-        from parkway.actors.transcript import SavedRollout
-        from parkway.protocol.messages import StagingRow
-
-        staging = msgspec.msgpack.decode((tmp / "tq" / "staging.msgpack").read_bytes(), type=list[StagingRow])
-        captured = {f"{r.capture_key}:{r.turn}" for r in staging}
-        missing = []
-        for rollouts in (tmp / "participants" / "agent").glob("*/rollouts.msgpack"):
-            for saved in msgspec.msgpack.decode(rollouts.read_bytes(), type=list[SavedRollout]):
-                missing += [s.staging_key for s in saved.model if s.staging_key not in captured]
+        missing = [key for keys in missing_staging_keys(tmp).values() for key in keys]
         if missing:
             raise SnapshotFailure(
                 "validate", f"staging rows not in TQ's capture: {', '.join(missing[:20])}", transient=False
@@ -603,16 +574,7 @@ class SnapshotCoordinator:
         fsync_dir(self.trainer_dir)
 
     def newest_trainer_checkpoint(self) -> int | None:
-        steps = (
-            [
-                int(p.stem.removeprefix("step_"))
-                for p in self.trainer_dir.glob("step_*.msgpack")
-                if p.stem.removeprefix("step_").isdigit()
-            ]
-            if self.trainer_dir.is_dir()
-            else []
-        )
-        return max(steps) if steps else None
+        return newest_trainer_step(self.run_dir)
 
     def mark_completed(self) -> None:
         """A finished run leaves a marker: starting the same run again starts it afresh."""

@@ -52,3 +52,25 @@ async def embedded_run(data: dict, state, *, snapshots: bool = True, stop_after:
             snapshots=snapshots,
             stop_after_snapshots=stop_after,
         )
+
+
+SNAPSHOT_RUN = {
+    "run": "snaps",
+    "seed": 3,
+    "policy": {"host": "inline", "per_token_delay_s": 0.0003},
+    "tasks": {"builtin": "bank", "limit": 3},
+    "rollout": {"group_size": 3, "max_turns": 6},
+    "snapshot_interval_s": 0.05,
+}
+
+
+async def crashed_run(state, published: int = 2):
+    """The run directory of ``SNAPSHOT_RUN`` stopped dead right after its ``published``-th snapshot:
+    real snapshots on disk, no COMPLETED marker."""
+    from parkway.actors.controller import SimulatedCrash
+
+    try:
+        await embedded_run(SNAPSHOT_RUN, state, stop_after=published)
+    except SimulatedCrash:
+        return state / "snapshots" / SNAPSHOT_RUN["run"]
+    raise AssertionError("the run finished before its snapshots were published")
