@@ -72,6 +72,11 @@ class Policy(Participant):
         self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
         self._held: set[str] = set()  # request ids whose replies wait for release
         self.handlers[Generate] = self.on_generate
+        self.metrics.gauge(
+            "parkway_policy_requests_in_flight",
+            "Model calls generating or holding their reply for a checkpoint",
+            lambda: len(self._generating) + len(self._held),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
