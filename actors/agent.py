@@ -109,6 +109,9 @@ class Agent(Participant):
         self._park_changed = asyncio.Event()
         self._resender: asyncio.Task[None] | None = None
         self.handlers.update({Run: self.on_run, Ack: self.on_ack})
+        self.metrics.gauge(
+            "parkway_rollouts_in_flight", "Rollout attempts running on this agent", lambda: len(self.running)
+        )
 
     async def start(self) -> None:
         await super().start()

@@ -73,8 +73,18 @@ def _parser() -> argparse.ArgumentParser:
             "--run", help="run name: the namespace on the broker (default: $PARKWAY_RUN or 'default')"
         )
 
+    def metrics(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics "
+            "(default: $PARKWAY_METRICS_PORT; 0 or unset: off)",
+        )
+
     p = sub.add_parser("up", help="start every actor in one process")
     common(p)
+    metrics(p)
     p.add_argument("--topology", default=_topology_text(DEFAULT_TOPOLOGY), help="role=replicas,... to start")
     p.add_argument(
         "--for", dest="duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)"
@@ -86,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("actor", help="run one actor as a service")
     common(p)
+    metrics(p)
     p.add_argument("role", choices=sorted(ROLES))
     p.add_argument("--replica", type=int, default=0)
     p.add_argument("--no-journal", action="store_true", help="keep the reply cache in memory only")
@@ -97,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a configured workload to completion and print a summary")
     common(p)
+    metrics(p)
     p.add_argument("--config", help="YAML run configuration (see examples/); defaults apply without one")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--log-level", default="warning", help="log level of the actors' JSON lines on stderr")
@@ -226,7 +238,7 @@ def _print_json(obj: Any) -> None:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     # In memory a throwaway secret is fine; on a real broker other processes must share it.
-    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, metrics_port=args.metrics_port)
     topology = _parse_topology(args.topology)
     configure_logging()
 
@@ -253,14 +265,20 @@ def _cmd_up(args: argparse.Namespace) -> int:
                     flush=True,
                 )
 
-            await serve(broker, actors, duration_s=args.duration, on_started=report)
+            await serve(
+                broker,
+                actors,
+                duration_s=args.duration,
+                on_started=report,
+                metrics_port=settings.metrics_port,
+            )
 
     asyncio.run(go())
     return 0
 
 
 def _cmd_actor(args: argparse.Namespace) -> int:
-    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run, metrics_port=args.metrics_port)
     try:
         config = load_config(args.config) if args.config else None
     except ConfigError as exc:
@@ -278,7 +296,7 @@ def _cmd_actor(args: argparse.Namespace) -> int:
             actor = build_actor(
                 args.role, args.replica, broker, settings, durable=not args.no_journal, config=config
             )
-            await serve(broker, [actor])
+            await serve(broker, [actor], metrics_port=settings.metrics_port)
 
     asyncio.run(go())
     return 0
@@ -292,7 +310,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"parkway: config: {exc}", file=sys.stderr)
         return 2
     run = args.run or os.environ.get("PARKWAY_RUN") or config.run
-    settings = RunSettings.from_env(broker_url=args.broker, run=run)
+    settings = RunSettings.from_env(broker_url=args.broker, run=run, metrics_port=args.metrics_port)
     configure_logging(level=args.log_level)
     embedded = settings.broker_url.startswith("memory://")
 
@@ -300,7 +318,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         broker = connect(settings.broker_url, settings.run, connection_name=f"parkway-{settings.run}-run")
         async with broker:
             return await run_workload(
-                broker, settings.secret, config, tasks, embedded=embedded, state_root=settings.state_root
+                broker,
+                settings.secret,
+                config,
+                tasks,
+                embedded=embedded,
+                state_root=settings.state_root,
+                metrics_port=settings.metrics_port,
             )
 
     try:

@@ -121,6 +121,7 @@ class Controller(Actor):
             {Completed: self.on_completed, Failed: self.on_failed, Snapshot: self.on_snapshot}
         )
         self._snapshot_lock = asyncio.Lock()  # one save at a time: periodic or asked for
+        self.metrics.snapshot_metrics()
         self.ledger = Ledger()
         self._gate_open = True
         self._gate_closed_at: float | None = None

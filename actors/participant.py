@@ -85,6 +85,8 @@ class Participant(Actor):
         self._ended: dict[str, asyncio.Event] = {}
         self._lease_changed = asyncio.Event()
         self._lease_task: asyncio.Task[None] | None = None
+        self._phase_since = time.monotonic()  # when the current phase began, for parkway_phase_seconds
+        self.metrics.timed_phases()
         self.handlers.update(
             {
                 Prepare: self.on_prepare,
@@ -246,8 +248,17 @@ class Participant(Actor):
         transition = self.phases.apply(event, checkpoint_id, now=time.time(), deadline=deadline)
         self._lease_changed.set()
         if transition.outcome is Outcome.MOVED:
+            self._time_phase(transition)
             log.info("phase", on=event.value, before=transition.before.value, after=transition.after.value)
         return transition
+
+    def _time_phase(self, transition: Transition) -> None:
+        """Observe how long the phase just left lasted (a Renew stays in its phase: not a new one)."""
+        if transition.after is transition.before:
+            return
+        now = time.monotonic()
+        self.metrics.phase_left(transition.before.value, now - self._phase_since)
+        self._phase_since = now
 
     async def _end(self, checkpoint_id: str) -> None:
         self._ended.setdefault(checkpoint_id, asyncio.Event()).set()
@@ -274,6 +285,7 @@ class Participant(Actor):
                 ):
                     transition = self.phases.lapse_if_expired(time.time())
                     if transition is not None:
+                        self._time_phase(transition)
                         log.warning("lease_lapsed", phase_before=transition.before.value)
                         await self._end(transition.checkpoint_id)
 

@@ -83,6 +83,11 @@ class Policy(Participant):
         self._idle.set()
         self.handlers[Generate] = self.on_generate
         self.handlers[LoadWeights] = self.on_load_weights
+        self.metrics.gauge(
+            "parkway_policy_requests_in_flight",
+            "Model calls generating or holding their reply for a checkpoint",
+            lambda: len(self._generating) + len(self._held),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:

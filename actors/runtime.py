@@ -30,6 +30,7 @@ import structlog
 from parkway.actors import heartbeat
 from parkway.actors.client import Client
 from parkway.actors.faults import FaultPoints
+from parkway.actors.metrics import ERROR, HANDLED, REFUSED, REPLAYED, UNKNOWN_TYPE, ActorMetrics
 from parkway.actors.replies import ReplyCache
 from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
 from parkway.protocol import codec
@@ -82,6 +83,10 @@ class Actor:
         self.started_at = time.time()
         self.handled = 0
         self.counts: Counter[str] = Counter()  # messages handled by type, errors by code
+        self.metrics = ActorMetrics(self.role, replica)  # Prometheus, on this actor's own registry
+        self.metrics.gauge(
+            "parkway_handlers_in_flight", "Deliveries being handled now", lambda: self.in_flight
+        )
         self.handlers: dict[type[Message], Handler] = {
             Status: self.on_status,
             Discover: self.on_discover,
@@ -143,22 +148,25 @@ class Actor:
         try:
             message = self._open(envelope)
         except ProtocolError as err:
-            await self._refuse(delivery, err, sender)
+            await self._refuse(delivery, err, sender, UNKNOWN_TYPE)
             return
         except Exception as exc:  # a decoder bug must not strand the delivery unsettled
             log.exception("decode_failed")
             await self._refuse(
-                delivery, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"), sender
+                delivery,
+                ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"),
+                sender,
+                UNKNOWN_TYPE,
             )
             return
         handler = self.handlers.get(type(message))
         if handler is None:
+            kind = type(message).__name__
             await self._refuse(
                 delivery,
-                ProtocolError(
-                    ErrorCode.INVALID_MESSAGE, f"{self.address} does not handle {type(message).__name__}"
-                ),
+                ProtocolError(ErrorCode.INVALID_MESSAGE, f"{self.address} does not handle {kind}"),
                 sender,
+                kind,
             )
             return
         if isinstance(message, QUERIES):  # read-only: always answered fresh, never cached
@@ -170,6 +178,7 @@ class Actor:
             cached = await running
         if cached is not None:
             self.counts["replayed"] += 1
+            self.metrics.message(key[1], REPLAYED)
             log.info("reply_replayed", message_type=key[1], correlation_id=key[0], sender=sender)
             await self._send_reply(envelope, cached)
             await delivery.ack()
@@ -201,6 +210,10 @@ class Actor:
         self.counts[key[1]] += 1
         if isinstance(reply, Error):
             self.counts[f"error:{reply.code.value}"] += 1
+            self.metrics.message(key[1], ERROR)
+            self.metrics.error(reply.code)
+        else:
+            self.metrics.message(key[1], HANDLED)
         self.faults.reach("after_reply_journaled", key[1])
         if content is not None:
             await self._send_reply(envelope, content)
@@ -216,6 +229,7 @@ class Actor:
         await delivery.ack()
         reply = await handler(message)
         self.counts[type(message).__name__] += 1
+        self.metrics.message(type(message).__name__, HANDLED)
         if reply is not None:
             await self._send_reply(delivery.envelope, codec.encode(reply))
 
@@ -228,8 +242,10 @@ class Actor:
             )
         return message
 
-    async def _refuse(self, delivery: Delivery, err: ProtocolError, sender: str) -> None:
+    async def _refuse(self, delivery: Delivery, err: ProtocolError, sender: str, kind: str) -> None:
         self.counts[f"refused:{err.code.value}"] += 1  # refused at the edge: each one is dead-lettered
+        self.metrics.message(kind, REFUSED)
+        self.metrics.error(err.code)
         log.warning(
             "message_refused",
             code=err.code.value,

@@ -1,7 +1,8 @@
 """Running actors as a long-lived service: signals, the log sink, graceful stop.
 
 SIGTERM or SIGINT: every actor finishes the handler in progress, leaves the rest unacked for
-redelivery, and the process exits 0.
+redelivery, and the process exits 0. With a metrics port, the process serves every actor's Prometheus
+metrics (and its broker connection's) from one ``/metrics`` endpoint until it stops.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import structlog
 from parkway.actors.config import RunConfig
 from parkway.actors.faults import FaultPoints
 from parkway.actors.logs import BrokerLogSink, attach_sink, detach_sink
+from parkway.actors.metrics import metrics_endpoint
 from parkway.actors.participant import Participant
 from parkway.actors.roles import ROLES
 from parkway.actors.runtime import Actor
@@ -56,6 +58,7 @@ async def serve(
     *,
     duration_s: float | None = None,
     on_started: Callable[[], Awaitable[None]] | None = None,
+    metrics_port: int = 0,
 ) -> None:
     """Start ``actors`` on ``broker`` and serve until a signal (or ``duration_s``), then stop cleanly."""
     stop = asyncio.Event()
@@ -66,17 +69,18 @@ async def serve(
     sink.start()
     attach_sink(sink)
     try:
-        for actor in actors:
-            await actor.start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            # Again: starting Ray (the policy's engines) installs its own SIGTERM handler over ours.
-            loop.add_signal_handler(sig, stop.set)
-        if on_started is not None:
-            await on_started()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), duration_s)
-        log.info("service_stopping", actors=len(actors))
-        await asyncio.gather(*(actor.stop() for actor in actors))
+        with metrics_endpoint(broker, actors, metrics_port):
+            for actor in actors:
+                await actor.start()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                # Again: starting Ray (the policy's engines) installs its own SIGTERM handler over ours.
+                loop.add_signal_handler(sig, stop.set)
+            if on_started is not None:
+                await on_started()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), duration_s)
+            log.info("service_stopping", actors=len(actors))
+            await asyncio.gather(*(actor.stop() for actor in actors))
     finally:
         await sink.stop()
         detach_sink(sink)

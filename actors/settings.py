@@ -2,6 +2,8 @@
 
 Credentials never come from code: the broker URL (with its password) and the run secret are read from
 ``PARKWAY_BROKER_URL`` and ``PARKWAY_SECRET``; a command-line flag may override the URL.
+``PARKWAY_METRICS_PORT`` (or ``--metrics-port``) serves the process's Prometheus metrics on that port;
+0 or unset serves none.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class RunSettings:
     secret: bytes
     broker_url: str
     state_root: Path
+    metrics_port: int = 0  # 0: no metrics endpoint
 
     @classmethod
     def from_env(
@@ -35,6 +38,7 @@ class RunSettings:
         broker_url: str | None = None,
         run: str | None = None,
         allow_ephemeral_secret: bool = False,
+        metrics_port: int | None = None,
     ) -> RunSettings:
         url = broker_url or os.environ.get("PARKWAY_BROKER_URL") or MEMORY_URL
         run_name = run or os.environ.get("PARKWAY_RUN") or DEFAULT_RUN
@@ -51,4 +55,17 @@ class RunSettings:
                 )
             secret_text = secrets.token_hex(32)
         state_root = Path(os.environ.get("PARKWAY_STATE_DIR", ".parkway"))
-        return cls(run=run_name, secret=secret_text.encode(), broker_url=url, state_root=state_root)
+        if metrics_port is None:
+            text = os.environ.get("PARKWAY_METRICS_PORT", "").strip() or "0"
+            if not text.isdigit():
+                raise SettingsError(f"PARKWAY_METRICS_PORT={text!r}: want a TCP port, 0 to 65535 (0: off)")
+            metrics_port = int(text)
+        if not 0 <= metrics_port <= 65535:
+            raise SettingsError(f"metrics port {metrics_port}: want a TCP port, 0 to 65535 (0: off)")
+        return cls(
+            run=run_name,
+            secret=secret_text.encode(),
+            broker_url=url,
+            state_root=state_root,
+            metrics_port=metrics_port,
+        )

@@ -270,11 +270,12 @@ class SnapshotCoordinator:
                     reached.append(step.name)  # type: ignore[arg-type]
                     self.controller.faults.reach(f"save_{step.name.value}")
                     result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
-                    self.metrics.phases_ms.setdefault(step.name.value, []).append(
-                        (time.perf_counter() - t0) * 1000
-                    )
+                    took = time.perf_counter() - t0
+                    self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
+                    self.controller.metrics.snapshot_step(step.name.value, took)
                     if result == "skip":
                         self.metrics.skipped += 1
+                        self.controller.metrics.snapshot("skipped")
                         self.metrics.consecutive_failures = 0
                         log.info("snapshot_skipped", reason="nothing new since the last snapshot")
                         return None
@@ -286,12 +287,15 @@ class SnapshotCoordinator:
                 self.controller._wake.set()
                 self.metrics.failed += 1
                 self.metrics.consecutive_failures += 1
+                self.controller.metrics.snapshot("failed")
                 raise
             finally:
                 window = self.controller.paused_s() - paused_before
                 if window > 0 and self.controller.gate_open:  # a skipped snapshot never closed the gate
                     self.metrics.pause_ms.append(window * 1000)
+                    self.controller.metrics.snapshot_pause(window)
         self.metrics.published += 1
+        self.controller.metrics.snapshot("published")
         self.metrics.consecutive_failures = 0
         path = self.run_dir / f"snapshot_{seq}"
         log.info(
@@ -667,6 +671,7 @@ class SnapshotCoordinator:
                 raise
             await self.resume_all(rid, ("resources", "policy", "agent", "tq"))  # once, by this owner only
             self.metrics.restores += 1
+            self.controller.metrics.restored()
             self.metrics.rollouts_restored += len(scope)
             self._last_progress = await self._progress()
             log.info("restore_done", snapshot=path.name, continued=len(scope))
@@ -683,6 +688,7 @@ class SnapshotCoordinator:
         )
         self.controller.adopt_fallback(anchor, state)
         self.metrics.restores += 1
+        self.controller.metrics.restored()
         self._last_progress = await self._progress()
         return True
 

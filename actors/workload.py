@@ -9,6 +9,7 @@ from typing import Any
 
 from parkway.actors.config import RunConfig
 from parkway.actors.controller import Controller, RunSummary
+from parkway.actors.metrics import metrics_endpoint
 from parkway.actors.participant import Participant
 from parkway.actors.runtime import Actor
 from parkway.actors.tasks import Task
@@ -76,25 +77,28 @@ async def run_workload(
     trainer: Trainer | None = None,
     snapshots: bool = True,
     stop_after_snapshots: int | None = None,
+    metrics_port: int = 0,
 ) -> RunSummary:
-    """Start what this process hosts, run the workload to completion, stop, return the summary."""
+    """Start what this process hosts, run the workload to completion, stop, return the summary.
+    With ``metrics_port``, their Prometheus metrics are served on it while the workload runs."""
     actors = embedded_actors(broker, secret, config, state_root) if embedded else []
     controller = Controller(broker, secret=secret, replica=0)
     started: list[Actor] = []
-    try:
-        for actor in [*actors, controller]:
-            await actor.start()
-            started.append(actor)
-        return await controller.run_workload(
-            config,
-            tasks,
-            trainer,
-            snapshot_root=state_root / "snapshots" if snapshots else None,
-            stop_after_snapshots=stop_after_snapshots,
-        )
-    finally:
-        for actor in reversed(started):
-            await actor.stop()
+    with metrics_endpoint(broker, [*actors, controller], metrics_port):
+        try:
+            for actor in [*actors, controller]:
+                await actor.start()
+                started.append(actor)
+            return await controller.run_workload(
+                config,
+                tasks,
+                trainer,
+                snapshot_root=state_root / "snapshots" if snapshots else None,
+                stop_after_snapshots=stop_after_snapshots,
+            )
+        finally:
+            for actor in reversed(started):
+                await actor.stop()
 
 
 __all__ = ["RunSummary", "embedded_actors", "role_options", "run_workload"]

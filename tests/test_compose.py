@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from parkway.actors.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,3 +91,24 @@ def test_rabbitmq_has_the_management_ui_and_a_health_check(services: dict[str, d
     assert "management" in rabbit["image"]
     assert {p["target"] for p in rabbit["ports"]} == {5672, 15672}
     assert rabbit["healthcheck"]["test"][0] == "CMD"
+
+
+def test_metrics_are_behind_the_metrics_profile(services: dict[str, dict]) -> None:
+    assert "prometheus" not in services  # plain `docker compose up` runs no Prometheus
+    result = compose("--profile", "metrics", "config", "--format", "json", env=example_env())
+    assert result.returncode == 0, result.stderr
+    with_metrics = json.loads(result.stdout)["services"]
+    prometheus = with_metrics["prometheus"]
+    assert prometheus["profiles"] == ["metrics"]
+    [config] = [v for v in prometheus["volumes"] if v["target"] == "/etc/prometheus/prometheus.yml"]
+    assert Path(config["source"]) == ROOT / "deploy" / "prometheus.yml" and config["read_only"]
+    # It scrapes every actor service, at the port that service serves its metrics on.
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    targets = sorted(
+        t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    )
+    actors = {name: svc for name, svc in with_metrics.items() if name not in ("rabbitmq", "prometheus")}
+    assert targets == sorted(
+        f"{name}:{svc['environment']['PARKWAY_METRICS_PORT']}" for name, svc in actors.items()
+    )
+    assert {svc["environment"]["PARKWAY_METRICS_PORT"] for svc in actors.values()} == {"9464"}

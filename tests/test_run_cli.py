@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,13 @@ def test_a_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("rollout:\n  max_turnz: 3\n")
     result = parkway("run", "--config", str(bad), cwd=tmp_path)
     assert result.returncode == 2 and "rollout.max_turnz: unknown key" in result.stderr
+
+
+def test_run_takes_a_metrics_port_and_says_when_it_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = str(ROOT / "examples" / "live-failures.yaml")
+        result = parkway("run", "--config", config, "--metrics-port", str(port), cwd=tmp_path)
+    assert result.returncode == 2 and f"cannot serve metrics on port {port}" in result.stderr
