@@ -27,8 +27,12 @@ def test_up_starts_every_actor_and_each_answers(tmp_path) -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    table = [line for line in result.stderr.splitlines() if line[:1].isalpha() and "/" in line.split()[0]]
-    assert sorted(line.split()[0] for line in table) == [
+    table = [
+        line.split()
+        for line in result.stderr.splitlines()
+        if line.startswith(("agent", "controller", "policy", "resources", "tq"))
+    ]
+    assert sorted(f"{row[0]}/{row[1]}" for row in table) == [
         "agent/0",
         "agent/1",
         "controller/0",

@@ -29,6 +29,8 @@ EXAMPLES: list[m.Message] = [
     m.Probe(checkpoint_id="p-1", deadline=NOW, work_s=0.5, note="hello"),
     m.Snapshot(checkpoint_id="snap-req-1", deadline=NOW),
     m.SnapshotTaken(snapshot="snapshot_3", checkpoint_id="ck-3"),
+    m.LoadWeights(checkpoint_id="w-1", deadline=NOW, directory="/ckpt/step-4", policy_version=4),
+    m.WeightsLoaded(policy_version=4, directory="/ckpt/step-4", replicas=2, seconds=1.5),
     m.Error(code=ErrorCode.STALE_CHECKPOINT, detail="ended", retryable=False),
     m.Ok(detail="resumed"),
     m.Capabilities(role="resources", replica=1, mode="restart_only", restart_only=True, features=("x",)),
@@ -180,3 +182,19 @@ def test_rollout_ids_and_capture_keys() -> None:
 def test_deadlines_are_absolute_unix_seconds() -> None:
     prepare = m.Prepare(checkpoint_id="ck", deadline=time.time() + 5)
     assert prepare.deadline > 1_700_000_000
+
+
+@pytest.mark.parametrize(
+    ("fields", "complaint"),
+    [
+        ({"directory": "", "policy_version": 1}, "directory is empty"),
+        ({"directory": "/w", "policy_version": 0}, "< 1"),
+    ],
+)
+def test_a_weight_update_needs_a_directory_and_a_version(fields: dict, complaint: str) -> None:
+    body = msgspec.json.encode(
+        {"type": "LoadWeights", "v": 1, "checkpoint_id": "w-1", "deadline": 1e10, **fields}
+    )
+    with pytest.raises(ProtocolError, match=complaint) as caught:
+        codec.decode(body, codec.JSON)
+    assert caught.value.code is ErrorCode.INVALID_MESSAGE
