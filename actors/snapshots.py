@@ -217,6 +217,32 @@ class SnapshotCoordinator:
         except BrokerError as exc:
             raise SnapshotFailure("request", f"{address}: {exc}", transient=True) from exc
 
+    async def end_orphaned_checkpoints(self) -> list[str]:
+        """A controller that died mid-snapshot leaves live participants in its checkpoint (prepared,
+        committed). This controller never owned that id: it aborts it everywhere before anything else,
+        instead of waiting for the leases to lapse or failing the restore on a conflict. Returns the
+        ids aborted."""
+        orphans: dict[str, list[str]] = {}
+        for role in ("agent", "policy", "resources", "tq"):
+            for address in self.addresses(role):
+                reply = await self._request(
+                    address, Status(checkpoint_id=new_checkpoint_id("orphans"), deadline=time.time() + 5)
+                )
+                if isinstance(reply, StatusReport) and reply.checkpoint_id and reply.phase != "idle":
+                    orphans.setdefault(reply.checkpoint_id, []).append(address)
+        for checkpoint_id, addresses in orphans.items():
+            log.warning("orphaned_checkpoint", orphan=checkpoint_id, participants=addresses, action="abort")
+            abort = Abort(
+                checkpoint_id=checkpoint_id,
+                deadline=time.time() + self.config.prepare_timeout_s,
+                reason="the controller that started this checkpoint is gone",
+            )
+            for address in addresses:
+                reply = await self._request(address, abort)
+                if isinstance(reply, Error):
+                    raise SnapshotFailure("abort_orphan", f"{address}: {reply.code.value}: {reply.detail}")
+        return sorted(orphans)
+
     # -- save ------------------------------------------------------------------------------------------
     async def _progress(self) -> tuple[Any, ...]:
         """What a snapshot would capture, in counters: the boundaries agents passed (turns move without
@@ -595,6 +621,7 @@ class SnapshotCoordinator:
             shutil.rmtree(self.trainer_dir, ignore_errors=True)
             completed.unlink()
             return False
+        await self.end_orphaned_checkpoints()
         trainer_step = self.newest_trainer_checkpoint()
         selected = select_snapshot(
             self.run_dir, config_fingerprint=self.config_fingerprint, trainer_step=trainer_step

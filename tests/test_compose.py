@@ -65,18 +65,23 @@ def services() -> dict[str, dict]:
 
 
 def test_every_actor_runs_as_its_own_service(services: dict[str, dict]) -> None:
-    actors = {name: svc for name, svc in services.items() if name != "rabbitmq"}
+    actors = {name: svc for name, svc in services.items() if name not in ("rabbitmq", "controller")}
     parsed = {name: _parser().parse_args(svc["command"][1:]) for name, svc in actors.items()}
     assert sorted((a.role, a.replica) for a in parsed.values()) == [
         ("agent", 0),
         ("agent", 1),
-        ("controller", 0),
         ("policy", 0),
         ("resources", 0),
         ("resources", 1),
         ("tq", 0),
     ]
-    for name, svc in actors.items():
+    # The controller runs the example workload; every actor reads the same configuration file.
+    controller = _parser().parse_args(services["controller"]["command"][1:])
+    assert controller.func.__name__ == "_cmd_run" and services["controller"]["restart"] == "on-failure"
+    assert {a.config for a in parsed.values()} == {controller.config} == {"/app/examples/cluster.yaml"}
+    for name, svc in services.items():
+        if name == "rabbitmq":
+            continue
         assert svc["command"][0] == "parkway", name
         assert svc["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
         env = svc["environment"]
@@ -84,6 +89,13 @@ def test_every_actor_runs_as_its_own_service(services: dict[str, dict]) -> None:
             env["PARKWAY_SECRET"] == "change-me-to-64-random-hex-characters"
         )  # from the env file, not the code
         assert env["PARKWAY_BROKER_URL"] == "amqp://parkway:change-me@rabbitmq:5672/"
+        assert [v["target"] for v in svc["volumes"]] == ["/var/lib/parkway"]  # one shared state volume
+
+
+def test_the_image_carries_the_example_configuration() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY examples ./examples" in dockerfile and "WORKDIR /app" in dockerfile
+    assert "examples" not in (ROOT / ".dockerignore").read_text().split()
 
 
 def test_rabbitmq_has_the_management_ui_and_a_health_check(services: dict[str, dict]) -> None:
