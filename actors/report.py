@@ -123,7 +123,7 @@ class Pause:
     end: float | None = None
     ms: float | None = None
     snapshot: str = ""
-    outcome: str = "open"  # published | aborted | cut | open (closed, not known to be published)
+    outcome: str = "open"  # published | aborted | cut | reopened (gate open again, not known published)
 
 
 @dataclass
@@ -194,7 +194,7 @@ class Timeline:
     def summary(self) -> dict[str, Any]:
         attempts = self.attempts()
         turns = [t for a in attempts for t in a.turns]
-        pauses = [p.ms for p in self.pauses if p.ms is not None]
+        pauses = [p.ms for p in self.pauses if p.ms is not None and p.outcome != "cut"]  # the gate reopened
         return {
             "run": self.run,
             "finished": self.finished,
@@ -515,7 +515,7 @@ class _Builder:
         ms = record.get("paused_ms")
         pause.ms = float(ms) if isinstance(ms, int | float) else (ts - pause.start) * 1000
         if pause.outcome == "open":
-            pause.outcome = "closed"
+            pause.outcome = "reopened"
 
     def on_snapshot_published(self, record: dict[str, Any], ts: float, actor: str) -> None:
         pause = self.pauses.get(str(record.get("checkpoint_id")))
@@ -739,7 +739,6 @@ def draw(timeline: Timeline, *, max_rows: int = 150) -> Drawing:
         y = y_of[rollout.rollout_id]
         for attempt in rollout.attempts.values():
             color = ATTEMPT_COLORS[attempt.index % len(ATTEMPT_COLORS)]
-            drawn_attempts.add(attempt.index)
             begin = attempt.started if attempt.started is not None else attempt.dispatched
             if begin is not None and attempt.ended is not None:
                 lives.append([(begin - t0, y), (attempt.ended - t0, y)])
@@ -748,6 +747,7 @@ def draw(timeline: Timeline, *, max_rows: int = 150) -> Drawing:
                 if turn.replayed or turn.end is None:
                     continue  # a kept turn took no time: the marker at the attempt's start says how many
                 any_cut |= turn.cut
+                drawn_attempts.add(attempt.index)
                 bar = Rectangle(
                     (turn.start - t0, y - 0.31),
                     max(turn.end - turn.start, min_width),
@@ -771,6 +771,7 @@ def draw(timeline: Timeline, *, max_rows: int = 150) -> Drawing:
                 ax.plot(
                     attempt.started - t0, y, marker=">", color=color, ms=6, mec="black", mew=0.5, zorder=5
                 )
+            if attempt.kept_turns and attempt.started is not None:
                 ax.annotate(
                     f"{attempt.kept_turns} kept",
                     (attempt.started - t0, y),
@@ -1066,6 +1067,12 @@ def command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if not timeline.incarnations:
+        print(
+            f"parkway: report: no run_started line of {CONTROLLER}: dispatches, snapshot pauses and seals "
+            "are missing (run the workload with parkway run --log-level info)",
+            file=sys.stderr,
+        )
     try:
         png, page = write_report(timeline, Path(args.out), max_rows=args.max_rows)
     except ReportError as exc:
