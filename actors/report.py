@@ -615,10 +615,16 @@ def _matplotlib() -> Any:
     return matplotlib, Figure
 
 
+def _row_order(rollout: Rollout) -> tuple[str, int, str]:
+    """By group, then by generation index as a number (``t0000_g2`` before ``t0000_g10``)."""
+    index = rollout.rollout_id.rpartition("_g")[2]
+    return (rollout.group_id, int(index) if index.isdigit() else -1, rollout.rollout_id)
+
+
 def _rows(timeline: Timeline, max_rows: int) -> tuple[list[Rollout], int]:
     """The rollouts drawn, by group; past ``max_rows``, the eventful ones first (a failed attempt, more
     attempts, never sealed)."""
-    ordered = sorted(timeline.rollouts.values(), key=lambda r: (r.group_id, r.rollout_id))
+    ordered = sorted(timeline.rollouts.values(), key=_row_order)
     if len(ordered) <= max_rows:
         return ordered, 0
 
@@ -636,7 +642,7 @@ def _title(timeline: Timeline) -> tuple[str, str]:
         f"{s['rollouts']} rollouts in {s['groups']} groups",
         f"{s['attempts']} attempts",
         f"{s['turns_generated']} turns generated" + (f", {s['turns_kept']} kept" if s["turns_kept"] else ""),
-        f"{s['snapshots']} snapshots (pause p50 {s['pause_ms']['p50']:.0f} ms, max {s['pause_ms']['max']:.0f} ms)",
+        f"{s['snapshots']} snapshot{'s' if s['snapshots'] != 1 else ''} (pause p50 {s['pause_ms']['p50']:.0f} ms, max {s['pause_ms']['max']:.0f} ms)",
         f"{s['crashes']} crash{'es' if s['crashes'] != 1 else ''}",
         f"{s['restores']} restore{'s' if s['restores'] != 1 else ''}",
     ]
@@ -935,7 +941,7 @@ def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
                     f"{a.index}:{a.outcome}{'/' + a.code if a.code else ''}" for a in r.attempts.values()
                 ),
             )
-            for r in sorted(timeline.rollouts.values(), key=lambda r: (r.group_id, r.rollout_id))
+            for r in sorted(timeline.rollouts.values(), key=_row_order)
         ),
     )
     events = _table(
