@@ -71,6 +71,8 @@ class LiveRollout:
     tools: list[ToolStep] = field(default_factory=list)
     mark: tuple[int, int, int] = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
     replay: SavedRollout | None = None
+    # The turn in progress, (index, replayed, perf_counter at its start): logged for ``parkway report``.
+    turn: tuple[int, bool, float] | None = None
 
     def saved(self) -> SavedRollout:
         models, tools, boundaries = self.mark
@@ -245,6 +247,10 @@ class Agent(Participant):
                 _call_tool=lambda index, tool, args: self._call_tool(live, ck, resources, index, tool, args),
                 _boundary=lambda: self._at_boundary(live),
             )
+            kept = len(live.replay.model) if live.replay is not None else 0
+            log.info(
+                "rollout_started", replica=self.replica, continuing=live.replay is not None, kept_turns=kept
+            )
             receipt: Completed | Failed
             try:
                 if env is None:
@@ -263,8 +269,11 @@ class Agent(Participant):
                     staging_keys=tuple(step.staging_key for step in live.model),
                 )
                 self.counts["rollouts_completed"] += 1
+                self._end_turn(live)
+                log.info("rollout_completed", turns=ctx.turns, reward=reward)
             except asyncio.CancelledError:
                 self.counts["rollouts_retired"] += 1
+                log.info("rollout_stopped", turns=ctx.turns)  # a turn in progress stays unfinished
                 await self._release(run, ck, resources, ctx.tool_calls)
                 raise
             except RolloutFailure as failure:
@@ -284,12 +293,32 @@ class Agent(Participant):
             rollout_id=run.rollout_id, attempt=run.attempt, code=code, detail=detail, turns=ctx.turns
         )
 
+    @staticmethod
+    def _start_turn(live: LiveRollout, index: int, replayed: bool) -> None:
+        """A turn starts with its model call (the report draws it from here to the next boundary)."""
+        live.turn = (index, replayed, time.perf_counter())
+        log.info("turn_started", turn=index, replayed=replayed)
+
+    @staticmethod
+    def _end_turn(live: LiveRollout) -> None:
+        if live.turn is None:
+            return
+        index, replayed, started = live.turn
+        live.turn = None
+        log.info(
+            "turn_finished",
+            turn=index,
+            replayed=replayed,
+            ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
     def _set_state(self, live: LiveRollout, state: str) -> None:
         live.state = state
         self._park_changed.set()
 
     async def _at_boundary(self, live: LiveRollout) -> None:
         self.counts["boundaries"] += 1
+        self._end_turn(live)
         live.mark = (len(live.model), len(live.tools), live.mark[2] + 1)
         hold = live.run.task.get("hold_at_turn")
         if hold == len(live.model) and live.run.attempt == 0:
@@ -311,6 +340,7 @@ class Agent(Participant):
                 raise RolloutFailure(
                     "replay_diverged", f"model call {index} has another prompt than the saved one"
                 )
+            self._start_turn(live, index, replayed=True)
             live.model.append(step)
             self.counts["model_calls_replayed"] += 1
             return Generated(
@@ -331,6 +361,7 @@ class Agent(Participant):
             stop_token_ids=chat.tokenizer_for(run.task.get("tokenizer")).stop_token_ids,  # type: ignore[arg-type]
             policy_version=run.policy_version,
         )
+        self._start_turn(live, index, replayed=False)
         self._set_state(live, AWAITING_MODEL)  # parked at the boundary just passed
         # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at its
         # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation

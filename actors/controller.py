@@ -154,8 +154,10 @@ class Controller(Actor):
         now = time.monotonic()
         if not value and self._gate_open:
             self._gate_closed_at = now
+            log.info("gate_closed")
         elif value and not self._gate_open and self._gate_closed_at is not None:
             self._paused_total += now - self._gate_closed_at
+            log.info("gate_opened", paused_ms=round((now - self._gate_closed_at) * 1000, 3))
             self._gate_closed_at = None
         self._gate_open = value
 
@@ -191,7 +193,11 @@ class Controller(Actor):
             if outcome is SealOutcome.SEALED:
                 self.counts["rollouts_sealed"] += 1
                 log.info(
-                    "sealed", rollout_id=receipt.rollout_id, attempt=receipt.attempt, reward=receipt.reward
+                    "sealed",
+                    rollout_id=receipt.rollout_id,
+                    attempt=receipt.attempt,
+                    reward=receipt.reward,
+                    turns=receipt.turns,
                 )
             elif outcome is SealOutcome.DUPLICATE:
                 self.counts["receipts_duplicate"] += 1
@@ -305,6 +311,33 @@ class Controller(Actor):
         is for tests: the run stops dead (``SimulatedCrash``) right after that many publications, before
         resuming, like a cluster killed at that moment.
         """
+        with structlog.contextvars.bound_contextvars(**self.log_context()):
+            try:
+                summary = await self._run_workload(
+                    config, tasks, trainer, snapshot_root, stop_after_snapshots
+                )
+            except asyncio.CancelledError:
+                log.info("run_aborted", error="cancelled")
+                raise
+            except Exception as exc:
+                log.error("run_aborted", error=f"{type(exc).__name__}: {exc}")
+                raise
+            log.info(
+                "run_finished",
+                rollouts_sealed=summary.rollouts_sealed,
+                rollouts_failed=summary.rollouts_failed,
+                wall_s=summary.wall_s,
+            )
+            return summary
+
+    async def _run_workload(
+        self,
+        config: RunConfig,
+        tasks: list[Task],
+        trainer: Trainer | None,
+        snapshot_root: Path | None,
+        stop_after_snapshots: int | None,
+    ) -> RunSummary:
         self._trainer = trainer = trainer or ExampleTrainer()
         self._config, self._tasks = config, tasks
         self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
@@ -320,6 +353,14 @@ class Controller(Actor):
             granularity = Granularity(config.recovery.default_granularity)
             for index, _ in enumerate(tasks):
                 self.ledger.add_group(f"t{index:04d}", index, config.rollout.group_size, granularity)
+        log.info(
+            "run_started",
+            restored=restored,
+            epoch=self.epoch,
+            rollouts_expected=expected,
+            groups_left=len(self.ledger.groups),
+            snapshots=self.snapshots is not None,
+        )
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
         loop = asyncio.get_running_loop()
         background = [loop.create_task(self._ack_loop())]
@@ -648,6 +689,14 @@ class Controller(Actor):
                 task=self._task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),
             )
             self.ledger.dispatch(sibling.rollout_id, attempt, replica)
+            log.info(
+                "rollout_dispatched",
+                rollout_id=sibling.rollout_id,
+                attempt=attempt,
+                group_id=group.group_id,
+                replica=replica,
+                continue_from=current.continue_from,
+            )
             self._dispatched_at[(sibling.rollout_id, attempt)] = (time.monotonic(), self.paused_s())
             self._replica_of[(sibling.rollout_id, attempt)] = replica
             self.counts["attempts_dispatched"] += 1

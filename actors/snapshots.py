@@ -326,6 +326,7 @@ class SnapshotCoordinator:
         path = self.run_dir / f"snapshot_{seq}"
         log.info(
             "snapshot_published",
+            checkpoint_id=cid,
             snapshot=path.name,
             episodes=len(state["episodes"]),
             ms=round((time.perf_counter() - started) * 1000, 3),

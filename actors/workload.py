@@ -9,6 +9,7 @@ from typing import Any
 
 from parkway.actors.config import RunConfig
 from parkway.actors.controller import Controller, RunSummary
+from parkway.actors.logs import BrokerLogSink, attach_sink, detach_sink
 from parkway.actors.metrics import metrics_endpoint
 from parkway.actors.participant import Participant
 from parkway.actors.runtime import Actor
@@ -84,6 +85,12 @@ async def run_workload(
     actors = embedded_actors(broker, secret, config, state_root) if embedded else []
     controller = Controller(broker, secret=secret, replica=0)
     started: list[Actor] = []
+    # Driving actors on a real broker, the controller's lines join theirs on the run's log stream
+    # (``parkway logs``, ``parkway report``); an embedded run's stream would die with the process.
+    sink = None if embedded else BrokerLogSink(broker)
+    if sink is not None:
+        sink.start()
+        attach_sink(sink)
     with metrics_endpoint(broker, [*actors, controller], metrics_port):
         try:
             for actor in [*actors, controller]:
@@ -99,6 +106,9 @@ async def run_workload(
         finally:
             for actor in reversed(started):
                 await actor.stop()
+            if sink is not None:
+                await sink.stop()
+                detach_sink(sink)
 
 
 __all__ = ["RunSummary", "embedded_actors", "role_options", "run_workload"]
