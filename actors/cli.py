@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from parkway.actors import cluster_status, report
+from parkway.actors import cluster_status, progress, report
 from parkway.actors.client import Client
 from parkway.actors.config import ConfigError
 from parkway.actors.config import load as load_config
-from parkway.actors.controller import RunSummary, SetupError
+from parkway.actors.controller import Controller, RunSummary, SetupError
 from parkway.actors.heartbeat import HEARTBEAT_EVENT
 from parkway.actors.logs import configure_logging
+from parkway.actors.progress import ProgressLine
 from parkway.actors.roles import DEFAULT_TOPOLOGY, ROLES
 from parkway.actors.service import build_actor, serve
 from parkway.actors.settings import RunSettings, SettingsError
@@ -113,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML run configuration (see examples/); defaults apply without one")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--log-level", default="warning", help="log level of the actors' JSON lines on stderr")
+    progress_option(p)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("model", help="build the tiny test model (tokenizer + weights) into a directory")
@@ -125,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="the seed pages' example, really run: turns thrown away under sibling vs turn"
     )
     p.add_argument("--json", action="store_true")
+    progress_option(p)
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("snapshot", help="ask the controller of a running workload to take a snapshot now")
@@ -230,6 +233,15 @@ def _addresses(topology: dict[str, int]) -> list[str]:
     return [actor_address(role, i) for role, n in topology.items() for i in range(n)]
 
 
+def progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="a live progress line on stderr (auto: on a terminal, not with --json)",
+    )
+
+
 def _cli_sender() -> str:
     return f"cli/{os.getpid()}"
 
@@ -319,18 +331,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
     configure_logging(level=args.log_level)
     embedded = settings.broker_url.startswith("memory://")
 
+    line = (
+        ProgressLine() if progress.enabled(args.progress, json_output=args.json, stream=sys.stderr) else None
+    )
+
     async def go() -> RunSummary:
         broker = connect(settings.broker_url, settings.run, connection_name=f"parkway-{settings.run}-run")
         async with broker:
-            return await run_workload(
-                broker,
-                settings.secret,
-                config,
-                tasks,
-                embedded=embedded,
-                state_root=settings.state_root,
-                metrics_port=settings.metrics_port,
-            )
+            controller = Controller(broker, secret=settings.secret, replica=0)
+            label = f"run {settings.run}"
+            async with progress.watching(lambda: progress.describe(label, controller.progress()), line):
+                return await run_workload(
+                    broker,
+                    settings.secret,
+                    config,
+                    tasks,
+                    embedded=embedded,
+                    state_root=settings.state_root,
+                    metrics_port=settings.metrics_port,
+                    controller=controller,
+                )
 
     try:
         summary = asyncio.run(go())
@@ -380,7 +400,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from parkway.actors.demo import run_demo, table
 
     configure_logging(level="warning")
-    results = asyncio.run(run_demo())
+    line = (
+        ProgressLine() if progress.enabled(args.progress, json_output=args.json, stream=sys.stderr) else None
+    )
+    results = asyncio.run(run_demo(progress_line=line))
     if args.json:
         _print_json(
             [

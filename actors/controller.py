@@ -138,6 +138,9 @@ class Controller(Actor):
         self._sealed_rows: dict[str, float] = {}
         self._trainer: Trainer | None = None
         self.snapshots: SnapshotCoordinator | None = None
+        self.stage = "starting"  # what the workload is doing, for progress lines
+        self._expected = 0
+        self._run_started: float | None = None
         self.fenced_at_restore: list[AttemptRef] = []
         self.restart_only: set[str] = set()  # participants that cannot save a rollout mid-way
         self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
@@ -342,12 +345,16 @@ class Controller(Actor):
         self._config, self._tasks = config, tasks
         self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
         expected = len(tasks) * config.rollout.group_size
+        self._expected = expected
+        self.stage = "waiting for the cluster"
         await self.wait_for_cluster(config)
         await self.check_restart_only(config)
         self.snapshots = (
             SnapshotCoordinator(self, config, snapshot_root) if snapshot_root is not None else None
         )
+        self.stage = "restoring"
         restored = self.snapshots is not None and await self.snapshots.restore_if_any()
+        self.stage = "running"
         if not restored:
             self.ledger = Ledger(max_attempts=config.rollout.max_attempts)
             granularity = Granularity(config.recovery.default_granularity)
@@ -362,6 +369,7 @@ class Controller(Actor):
             snapshots=self.snapshots is not None,
         )
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
+        self._run_started = started
         loop = asyncio.get_running_loop()
         background = [loop.create_task(self._ack_loop())]
         crash: asyncio.Future[None] = loop.create_future()
@@ -388,7 +396,24 @@ class Controller(Actor):
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
         wall = time.monotonic() - started
+        self.stage = "summing up"
         return await self._summary(config, expected, wall, trainer)
+
+    def progress(self) -> dict[str, Any]:
+        """Where the workload stands, cheaply: for a progress line, never for decisions."""
+        metrics = self.snapshots.metrics if self.snapshots is not None else None
+        return {
+            "stage": self.stage,
+            "expected": self._expected,
+            "sealed": self.counts["rollouts_sealed"],
+            "failed": self.counts["rollouts_failed"],
+            "running": len(self.ledger.dispatched()),
+            "train_steps": self.counts["train_steps"],
+            "snapshots": metrics.published if metrics else 0,
+            "last_pause_ms": metrics.pause_ms[-1] if metrics and metrics.pause_ms else None,
+            "restored": metrics.rollouts_restored if metrics else 0,
+            "elapsed_s": time.monotonic() - self._run_started if self._run_started is not None else 0.0,
+        }
 
     async def _snapshot_loop(
         self, config: RunConfig, stop_after: int | None, crash: asyncio.Future[None]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from parkway.actors.config import from_dict
 from parkway.actors.controller import Controller
+from parkway.actors.progress import ProgressLine, describe, watching
 from parkway.actors.tasks import load_tasks
 from parkway.actors.tq import TransferQueue
 from parkway.actors.workload import embedded_actors
@@ -75,7 +76,7 @@ def _ready(controller: Controller, agents: list) -> bool:
     )
 
 
-async def run_level(level: str, state: Path) -> DemoResult:
+async def run_level(level: str, state: Path, progress_line: ProgressLine | None = None) -> DemoResult:
     config = from_dict(demo_config(level))
     tasks = load_tasks(config.tasks)
     # Phase 1: run until sibling 0 is sealed and siblings 1 and 2 are parked at their turns.
@@ -83,10 +84,12 @@ async def run_level(level: str, state: Path) -> DemoResult:
     controller.holds = dict(HOLDS)
     workload = asyncio.create_task(controller.run_workload(config, tasks, snapshot_root=state / "snapshots"))
     agents = [a for a in actors if a.role == "agent"]
-    async with asyncio.timeout(60):
-        while not _ready(controller, agents):  # noqa: ASYNC110 - watching another task's counters
-            await asyncio.sleep(0.01)
-    published = await controller.take_snapshot()
+    first = controller
+    async with watching(lambda: describe(f"demo {level}: to the snapshot", first.progress()), progress_line):
+        async with asyncio.timeout(60):
+            while not _ready(controller, agents):  # noqa: ASYNC110 - watching another task's counters
+                await asyncio.sleep(0.01)
+        published = await controller.take_snapshot()
     assert published is not None, "the demo's snapshot did not publish"
     tq = next(a for a in actors if isinstance(a, TransferQueue))
     at_snapshot = {r: sum(1 for (k, _), n in tq.store.generations.items() if k == r) for r in SIBLINGS}
@@ -97,7 +100,9 @@ async def run_level(level: str, state: Path) -> DemoResult:
     await _stop(broker, [*actors, controller])
     # Phase 2: a fresh cluster restores and finishes.
     broker, actors, controller = await _cluster(config, state)
-    summary = await controller.run_workload(config, tasks, snapshot_root=state / "snapshots")
+    second = controller
+    async with watching(lambda: describe(f"demo {level}: after the crash", second.progress()), progress_line):
+        summary = await controller.run_workload(config, tasks, snapshot_root=state / "snapshots")
     tq = next(a for a in actors if isinstance(a, TransferQueue))
     regenerated = {
         r: sum(n - 1 for (k, _), n in tq.store.generations.items() if k == r and n > 1) for r in SIBLINGS
@@ -106,11 +111,13 @@ async def run_level(level: str, state: Path) -> DemoResult:
     return DemoResult(level, at_snapshot, regenerated, summary.rollouts_sealed, summary.transcripts_sha256)
 
 
-async def run_demo(levels: tuple[str, ...] = ("sibling", "turn")) -> list[DemoResult]:
+async def run_demo(
+    levels: tuple[str, ...] = ("sibling", "turn"), progress_line: ProgressLine | None = None
+) -> list[DemoResult]:
     results = []
     for level in levels:
         with tempfile.TemporaryDirectory(prefix=f"parkway-demo-{level}-") as state:
-            results.append(await run_level(level, Path(state)))
+            results.append(await run_level(level, Path(state), progress_line))
     return results
 
 

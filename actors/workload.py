@@ -79,11 +79,12 @@ async def run_workload(
     snapshots: bool = True,
     stop_after_snapshots: int | None = None,
     metrics_port: int = 0,
+    controller: Controller | None = None,
 ) -> RunSummary:
     """Start what this process hosts, run the workload to completion, stop, return the summary.
     With ``metrics_port``, their Prometheus metrics are served on it while the workload runs."""
     actors = embedded_actors(broker, secret, config, state_root) if embedded else []
-    controller = Controller(broker, secret=secret, replica=0)
+    controller = controller or Controller(broker, secret=secret, replica=0)
     started: list[Actor] = []
     # Driving actors on a real broker, the controller's lines join theirs on the run's log stream
     # (``parkway logs``, ``parkway report``); an embedded run's stream would die with the process.

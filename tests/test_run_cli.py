@@ -86,3 +86,20 @@ def test_run_takes_a_metrics_port_and_says_when_it_is_taken(tmp_path: Path) -> N
         config = str(ROOT / "examples" / "live-failures.yaml")
         result = parkway("run", "--config", config, "--metrics-port", str(port), cwd=tmp_path)
     assert result.returncode == 2 and f"cannot serve metrics on port {port}" in result.stderr
+
+
+def test_the_progress_line_counts_up_to_the_end_and_stays_out_of_json(tmp_path: Path) -> None:
+    config = str(ROOT / "examples" / "live-failures.yaml")
+    shown = parkway("run", "--config", config, "--progress", "always", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stderr.splitlines() if line.startswith("run live-failures ")]
+    assert lines and "running" in lines[0]
+    summary = dict(line.split(None, 1) for line in shown.stdout.splitlines())
+    expected = summary["rollouts_expected"]
+    assert f"{expected}/{expected} sealed" in lines[-1]  # the last update is the finished run
+    assert all(not line.startswith("run ") for line in shown.stdout.splitlines())  # stdout stays clean
+    # Not a terminal (auto) and --json: not one progress line.
+    (tmp_path / "again").mkdir()
+    quiet = parkway("run", "--config", config, "--json", cwd=tmp_path / "again")
+    assert quiet.returncode == 0 and "sealed" not in quiet.stderr
+    assert json.loads(quiet.stdout)["rollouts_sealed"] == int(expected)
