@@ -133,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("snapshot", help="ask the controller of a running workload to take a snapshot now")
     common(p)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument(
+        "--checkpoint-id",
+        help="the snapshot's checkpoint id (follow it with `parkway logs`); fresh if omitted",
+    )
     p.set_defaults(func=_cmd_snapshot)
 
     p = sub.add_parser("publish", help="send one signed control command and print the reply")
@@ -370,7 +374,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
-    request = Snapshot(checkpoint_id=new_checkpoint_id("snap"), deadline=time.time() + args.timeout)
+    try:
+        checkpoint_id = validate_checkpoint_id(args.checkpoint_id or new_checkpoint_id("ck"))
+    except ValueError as exc:
+        print(f"parkway: {exc}", file=sys.stderr)
+        return 2
+    request = Snapshot(checkpoint_id=checkpoint_id, deadline=time.time() + args.timeout)
 
     async def go() -> int:
         async with connect(settings.broker_url, settings.run) as broker:

@@ -458,7 +458,9 @@ class Controller(Actor):
             )
         try:
             async with self._snapshot_lock:
-                path = await self.snapshots.save()
+                # Asked for by name: taken even if nothing moved, under the request's own id, so a
+                # `parkway logs --checkpoint-id ID --follow` started first sees every line of it.
+                path = await self.snapshots.save(force=True, checkpoint_id=request.checkpoint_id)
         except SnapshotFailure as failure:
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"snapshot failed at {failure.step}: {failure.detail}"

@@ -69,15 +69,19 @@ class BrokerLogSink:
 
 
 _sinks: list[BrokerLogSink] = []
+_LEVELS = logging.getLevelNamesMapping()
+_local_level = logging.INFO  # lines below it reach the broker's stream but not the local stream
 
 
-def _render(_: Any, __: str, event_dict: dict[str, Any]) -> str:
+def _render(_: Any, method: str, event_dict: dict[str, Any]) -> str:
     line = (
         _json.encode(event_dict) if _plain(event_dict) else msgspec.json.encode(event_dict, enc_hook=_default)
     )
     for sink in _sinks:
         checkpoint_id = event_dict.get("checkpoint_id")
         sink.submit(line, checkpoint_id if isinstance(checkpoint_id, str) else None)
+    if _LEVELS.get(method.upper(), logging.INFO) < _local_level:
+        raise structlog.DropEvent
     return line.decode()
 
 
@@ -85,8 +89,28 @@ def _plain(event_dict: dict[str, Any]) -> bool:
     return all(isinstance(v, str | int | float | bool | type(None)) for v in event_dict.values())
 
 
-def configure_logging(*, stream: IO[str] | None = None, level: str = "info") -> None:
-    """JSON lines to ``stream`` (stderr by default), plus every attached broker sink."""
+def configure_logging(
+    *, stream: IO[str] | None = None, level: str = "info", stream_level: str = "info"
+) -> None:
+    """JSON lines at ``level`` and above to ``stream`` (stderr by default); while a broker sink is
+    attached it gets ``stream_level`` and above, so a quiet terminal (``parkway run`` shows warnings
+    only) does not leave the run's log stream without the lines ``parkway logs`` and ``parkway report``
+    read."""
+    global _local_level, _stream_level, _output
+    _local_level = _LEVELS[level.upper()]
+    _stream_level = _LEVELS[stream_level.upper()]
+    _output = stream or sys.stderr
+    _apply()
+
+
+_stream_level = logging.INFO
+_output: IO[str] | None = None
+
+
+def _apply() -> None:
+    # Below both levels a call costs one comparison (the filtering logger); between them, only while a
+    # sink wants the line, it is rendered for the sink and dropped locally.
+    floor = min(_local_level, _stream_level) if _sinks else _local_level
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -95,16 +119,20 @@ def configure_logging(*, stream: IO[str] | None = None, level: str = "info") -> 
             structlog.processors.format_exc_info,
             _render,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(floor),
+        logger_factory=structlog.PrintLoggerFactory(_output or sys.stderr),
         cache_logger_on_first_use=False,
     )
 
 
 def attach_sink(sink: BrokerLogSink) -> None:
     _sinks.append(sink)
+    if _output is not None:
+        _apply()
 
 
 def detach_sink(sink: BrokerLogSink) -> None:
     if sink in _sinks:
         _sinks.remove(sink)
+    if _output is not None:
+        _apply()

@@ -265,10 +265,11 @@ class SnapshotCoordinator:
             len(self.controller.ledger.groups),
         )
 
-    async def save(self, *, force: bool = False) -> Path | None:
+    async def save(self, *, force: bool = False, checkpoint_id: str | None = None) -> Path | None:
         """One snapshot attempt: the path published, or None when skipped. Raises SnapshotFailure.
-        ``force`` takes it even when nothing moved (a trainer checkpoint needs its own snapshot)."""
-        cid = new_checkpoint_id("ck")
+        ``force`` takes it even when nothing moved (a trainer checkpoint needs its own snapshot);
+        ``checkpoint_id`` names it (``parkway snapshot --checkpoint-id``), a fresh id otherwise."""
+        cid = checkpoint_id or new_checkpoint_id("ck")
         seq = (list_snapshots(self.run_dir)[-1][0] + 1) if list_snapshots(self.run_dir) else 1
         tmp = self.run_dir / f"tmp_{cid}"
         deadline = time.time() + self.config.prepare_timeout_s

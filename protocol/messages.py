@@ -168,7 +168,7 @@ class Probe(ControlCommand, frozen=True, kw_only=True):
 class Snapshot(ControlCommand, frozen=True, kw_only=True):
     """Ask the controller of a running workload to take a snapshot now (``parkway snapshot``).
 
-    The checkpoint id here names the request; the snapshot gets its own id, in the reply.
+    The snapshot is taken under this checkpoint id (also when nothing moved since the last one).
     """
 
 

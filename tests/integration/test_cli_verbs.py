@@ -1,6 +1,6 @@
 """The CLI verbs not covered elsewhere, on the real RabbitMQ with actors in separate processes:
 ``up --broker``, ``dead-letters``, ``sign`` (with a plain pika client) and ``snapshot`` (a running
-workload's controller asked for a snapshot now)."""
+workload's controller asked for a snapshot now, followed live with ``logs --follow``)."""
 
 from __future__ import annotations
 
@@ -186,16 +186,60 @@ async def test_snapshot_asks_a_running_workload_for_a_snapshot_now(
         async with asyncio.timeout(60):
             while not await agent_busy():  # noqa: ASYNC110 - until the workload's rollouts run
                 await asyncio.sleep(0.05)
-        taken = await asyncio.to_thread(
-            parkway, ["snapshot", "--timeout", "30"], run_name, tmp_path, amqp_url
-        )
-        assert taken.returncode == 0, taken.stdout + taken.stderr
-        reply = json.loads(taken.stdout)
-        assert reply["type"] == "SnapshotTaken" and reply["snapshot"].startswith("snapshot_"), reply
+        # Follow the snapshot's lines live, from every process, before it exists.
+        follower = subprocess.Popen(
+            [
+                sys.executable, "-m", "parkway.actors.cli", "logs",
+                "--checkpoint-id", "live-snap-1", "--follow", "--json",
+            ],
+            env=actor_env(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            taken = await asyncio.to_thread(
+                parkway,
+                ["snapshot", "--checkpoint-id", "live-snap-1", "--timeout", "30"],
+                run_name,
+                tmp_path,
+                amqp_url,
+            )
+            assert taken.returncode == 0, taken.stdout + taken.stderr
+            reply = json.loads(taken.stdout)
+            assert reply == {
+                "type": "SnapshotTaken",
+                "v": 1,
+                "snapshot": reply["snapshot"],
+                "checkpoint_id": "live-snap-1",
+                "skipped": False,
+            }
+            participants = {"tq/0", "policy/0", "resources/0", "agent/0"}
+            seen: dict[str, set[str]] = {}
+
+            def read_until_resumed() -> None:
+                assert follower.stdout is not None
+                for line in follower.stdout:
+                    record = json.loads(line)
+                    assert record["checkpoint_id"] == "live-snap-1"
+                    seen.setdefault(record["actor"], set()).add(record.get("on") or record["event"])
+                    resumed = {a for a in participants if "resume" in seen.get(a, set())}
+                    if resumed == participants and "snapshot_published" in seen.get("controller/0", set()):
+                        return
+
+            try:
+                await asyncio.wait_for(asyncio.to_thread(read_until_resumed), 30)
+            except TimeoutError:
+                raise AssertionError(f"not every process showed the whole checkpoint: {seen}") from None
+        finally:
+            follower.kill()
+            follower.wait(10)
+        for actor in participants:  # each process went through the whole checkpoint, live
+            assert {"prepared", "committed", "resume"} <= seen[actor], (actor, seen[actor])
+        assert {"gate_closed", "snapshot_published"} <= seen["controller/0"]
         manifest = json.loads(
             (state / "snapshots" / run_name / reply["snapshot"] / "manifest.json").read_text()
         )
-        assert manifest["checkpoint_id"] == reply["checkpoint_id"] and manifest["episodes"]
+        assert manifest["checkpoint_id"] == "live-snap-1" and manifest["episodes"]
         out, err = await asyncio.to_thread(driver.communicate, timeout=180)
         assert driver.returncode == 0, err[-3000:]
         summary = json.loads(out)
