@@ -33,7 +33,9 @@ async def raw_request(client: Client, address: str, envelope: Envelope, timeout:
     return client.open(reply)
 
 
-async def embedded_run(data: dict, state, *, snapshots: bool = True, stop_after: int | None = None):
+async def embedded_run(
+    data: dict, state, *, snapshots: bool = True, stop_after: int | None = None, trainer=None
+):
     """One workload of configuration ``data`` on a fresh in-memory cluster (a fresh "machine" each call)."""
     from parkway.actors.config import from_dict
     from parkway.actors.tasks import load_tasks
@@ -51,6 +53,7 @@ async def embedded_run(data: dict, state, *, snapshots: bool = True, stop_after:
             state_root=state,
             snapshots=snapshots,
             stop_after_snapshots=stop_after,
+            trainer=trainer,
         )
 
 

@@ -21,16 +21,12 @@ from types import SimpleNamespace
 import pytest
 import structlog
 from parkway.actors import cli, report
-from parkway.actors.config import from_dict
 from parkway.actors.controller import SimulatedCrash
 from parkway.actors.logs import configure_logging
-from parkway.actors.tasks import load_tasks
 from parkway.actors.trainer import ExampleTrainer, GroupResult, TrainStep
-from parkway.actors.workload import run_workload
-from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.messages import CanonicalRow
 
-from tests.actors.helpers import SECRET
+from tests.actors.helpers import embedded_run
 
 RUN = "rpt"
 CONFIG = {
@@ -60,18 +56,7 @@ class RecordingTrainer(ExampleTrainer):
 
 
 async def _workload(state: Path, trainer: RecordingTrainer, stop_after: int | None = None):
-    config = from_dict(CONFIG)
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        return await run_workload(
-            broker,
-            SECRET,
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=state,
-            trainer=trainer,
-            stop_after_snapshots=stop_after,
-        )
+    return await embedded_run(CONFIG, state, stop_after=stop_after, trainer=trainer)
 
 
 @pytest.fixture(scope="module")

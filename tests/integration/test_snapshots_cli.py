@@ -17,22 +17,9 @@ from typing import Any
 import pytest
 
 from tests.integration.processes import actor_env, wait_ready
+from tests.integration.test_crash_recovery import CONFIG, ROLES  # the same cluster and workload
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
-
-CONFIG = """
-run: snapcli
-seed: 21
-rollout: {group_size: 3, max_turns: 6}
-tasks: {builtin: bank, limit: 2}
-policy: {host: inline, per_token_delay_s: 0.004}
-topology: {agents: 2, resources: 2}
-trainer: {batch_groups: 1}
-recovery: {target_level: turn}
-snapshot_interval_s: 0.3
-prepare_timeout_s: 10
-"""
-ROLES = [("tq", 0), ("policy", 0), ("resources", 0), ("resources", 1), ("agent", 0), ("agent", 1)]
 
 
 def parkway(*args: str, run: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
