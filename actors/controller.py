@@ -184,6 +184,10 @@ class Controller(Actor):
         key = (receipt.rollout_id, receipt.attempt)
         if not self.ledger.knows(receipt.rollout_id):
             self.counts["receipts_stale"] += 1  # its group was finalized already: acknowledge, change nothing
+        elif receipt.attempt >= len(self.ledger.sibling(receipt.rollout_id).attempts):
+            # An attempt this controller never reserved (another run's agent, a forged receipt): ignored.
+            self.counts["receipts_stale"] += 1
+            log.warning("receipt_unknown_attempt", rollout_id=receipt.rollout_id, attempt=receipt.attempt)
         else:
             sibling = self.ledger.sibling(receipt.rollout_id)
             target = sibling.attempts[receipt.attempt] if receipt.attempt < len(sibling.attempts) else None
