@@ -56,6 +56,7 @@ log = structlog.get_logger("parkway.controller")
 
 ACK_FLUSH_S = 0.01
 WEIGHTS_TIMEOUT_S = 600.0  # loading a large model's weights from disk takes minutes, not seconds
+FETCH_CHUNK = 64  # rollouts per FetchRows: each reply stays far below the message size limit
 
 
 class SetupError(Exception):
@@ -896,10 +897,16 @@ class Controller(Actor):
         rollouts = tuple(sorted(self._sealed_rows))
         if not rollouts:
             return hashlib.sha256().hexdigest()
-        reply = await self.client.call("tq/0", FetchRows(rollout_ids=rollouts), correlation_id="fetch:digest")
-        assert isinstance(reply, CanonicalRows)
+        rows = []
+        for start in range(0, len(rollouts), FETCH_CHUNK):  # a bounded reply each (the body size limit)
+            chunk = rollouts[start : start + FETCH_CHUNK]
+            reply = await self.client.call(
+                "tq/0", FetchRows(rollout_ids=chunk), correlation_id=f"fetch:digest:{start}"
+            )
+            assert isinstance(reply, CanonicalRows)
+            rows.extend(reply.rows)
         h = hashlib.sha256()
-        for row in sorted(reply.rows, key=lambda r: r.rollout_id):
+        for row in sorted(rows, key=lambda r: r.rollout_id):
             for turn in row.turns:
                 h.update(f"{row.rollout_id}/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
         return h.hexdigest()

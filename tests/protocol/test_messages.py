@@ -156,8 +156,14 @@ def test_bad_bodies_get_typed_errors(body: bytes, code: ErrorCode, fragment: str
 def test_unknown_content_type_and_oversized_bodies_are_refused() -> None:
     with pytest.raises(ProtocolError, match="content type"):
         codec.decode(b"{}", "text/xml")
-    with pytest.raises(ProtocolError, match="exceeds the limit"):
+    with pytest.raises(ProtocolError, match="exceeds the limit") as caught:
         codec.decode(b" " * (codec.MAX_BODY_BYTES + 1), codec.JSON)
+    assert (
+        caught.value.detail
+        == f"body of {16 * 1024 * 1024 + 1} bytes exceeds the limit of {16 * 1024 * 1024} bytes"
+    )
+    with pytest.raises(ProtocolError, match="body of 1025 bytes exceeds the limit of 1024 bytes"):
+        codec.decode(b" " * 1025, codec.JSON, max_bytes=1024)
 
 
 @pytest.mark.parametrize("value", ["a", "ck-20261129T1000.123-abc", "A.b_c-9", "x" * 128])
