@@ -208,6 +208,8 @@ class Agent(Participant):
         return msgspec.structs.replace(reply, episodes=self.saved_episodes())  # type: ignore[type-var]
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        # Read first: a snapshot that cannot be read changes nothing here.
+        saved = msgspec.msgpack.decode((directory / "rollouts.msgpack").read_bytes(), type=list[SavedRollout])
         # A restored agent runs nothing from before: work it picked up from the dead cluster's queues
         # is stopped, and anything older than this controller incarnation is refused from now on.
         self.epoch = max(self.epoch, command.epoch)
@@ -217,7 +219,6 @@ class Agent(Participant):
         await asyncio.gather(*zombies, return_exceptions=True)
         self.unacked.clear()
         self.counts["runs_stopped_at_restore"] += len(zombies)
-        saved = msgspec.msgpack.decode((directory / "rollouts.msgpack").read_bytes(), type=list[SavedRollout])
         continuing = {e.rollout_id: e.attempt for e in command.episodes if e.replica == self.replica}
         restored = []
         for item in saved:

@@ -168,9 +168,9 @@ class TransferQueue(Participant):
         missing = tuple(r for r in message.rollout_ids if r not in self.store.canonical)
         return CanonicalRows(rows=rows, missing=missing)
 
-    def participant_dir(self, location: str) -> Path:
+    def snapshot_parts(self) -> tuple[str, ...]:
         # TQ's rows sit at the snapshot's top level (``tq/``), beside the ledger they are cut with.
-        return super().participant_dir(location).parents[2] / "tq"
+        return ("tq",)
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         return self.store.save(directory)
