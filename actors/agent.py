@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import structlog
 from parkway.actors import chat
-from parkway.actors.participant import ParkReport, Participant, write_records
+from parkway.actors.participant import ParkReport, Participant
 from parkway.actors.programs import PROGRAMS
 from parkway.actors.rollout import RolloutContext, RolloutFailure, ToolOutcome
 from parkway.actors.transcript import ModelStep, SavedRollout, ToolStep, prompt_digest
@@ -197,7 +197,7 @@ class Agent(Participant):
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         saved = [live.saved() for _, live in sorted(self.live.items())]
-        return (write_records(directory / "rollouts.msgpack", saved),)
+        return (self.write_records(directory / "rollouts.msgpack", saved),)
 
     def saved_episodes(self) -> tuple[EpisodeRef, ...]:
         return tuple(EpisodeRef(rollout_id=r, attempt=a, replica=self.replica) for r, a in sorted(self.live))

@@ -444,16 +444,22 @@ class Controller(Actor):
             async with self._snapshot_lock:
                 return await self.snapshots.save()
         except SnapshotFailure as failure:
-            if not failure.transient:
-                raise RuntimeError(
-                    f"snapshot invariant violated at {failure.step}: {failure.detail}"
-                ) from failure
-            if self.snapshots.metrics.consecutive_failures >= self._config.max_consecutive_failures:
-                raise RuntimeError(
-                    f"{self.snapshots.metrics.consecutive_failures} snapshots failed in a row; last at "
-                    f"{failure.step}: {failure.detail}"
-                ) from failure
+            self._snapshot_failed(failure)
             return None
+
+    def _snapshot_failed(self, failure: SnapshotFailure) -> None:
+        """A snapshot attempt failed (and was aborted): a transient failure is retried at the next
+        interval, up to ``max_consecutive_failures`` in a row; an invariant violation ends the run."""
+        assert self.snapshots is not None and self._config is not None
+        if not failure.transient:
+            raise RuntimeError(
+                f"snapshot invariant violated at {failure.step}: {failure.detail}"
+            ) from failure
+        if self.snapshots.metrics.consecutive_failures >= self._config.max_consecutive_failures:
+            raise RuntimeError(
+                f"{self.snapshots.metrics.consecutive_failures} snapshots failed in a row; last at "
+                f"{failure.step}: {failure.detail}"
+            ) from failure
 
     async def on_snapshot(self, request: Snapshot) -> Message:
         """``parkway snapshot``: one snapshot now, answered with what was published."""
@@ -828,8 +834,13 @@ class Controller(Actor):
             return
         step = self.counts["train_steps"]
         self.snapshots.write_trainer_checkpoint(step, anchor=self.anchor(), state=trainer.state())
-        async with self._snapshot_lock:
-            await self.snapshots.save(force=True)
+        try:
+            async with self._snapshot_lock:
+                await self.snapshots.save(force=True)
+        except SnapshotFailure as failure:
+            # Like a periodic one: the next interval takes a snapshot at this step (meanwhile the
+            # fallback marker just written is what a restore would use).
+            self._snapshot_failed(failure)
 
     async def _summary(self, config: RunConfig, expected: int, wall: float, trainer: Trainer) -> RunSummary:
         counts: dict[str, int] = defaultdict(int)

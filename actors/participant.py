@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 
 import msgspec
 import structlog
+from parkway.actors.faults import FaultPoints
 from parkway.actors.runtime import Actor
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.messages import (
@@ -114,7 +117,11 @@ class Participant(Actor):
             "checkpoint_id": command.checkpoint_id,
             "episodes": [msgspec.to_builtins(e) for e in command.episodes],
         }
-        return (write_records(directory / "participant.msgpack", [record]),)
+        return (self.write_records(directory / "participant.msgpack", [record]),)
+
+    def write_records(self, path: Path, records: list[Any]) -> FileDigest:
+        """``write_records`` with this participant's ``commit_write`` fault point armed."""
+        return write_records(path, records, faults=self.faults, qualifier=self.role)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         return ()
@@ -195,6 +202,10 @@ class Participant(Actor):
         try:
             files = await self.write_snapshot(directory, command)
         except OSError as exc:
+            # A write that failed (disk full, I/O error) leaves nothing half-written behind; the
+            # controller aborts the snapshot under this id and the previous one stays authoritative.
+            shutil.rmtree(directory, ignore_errors=True)
+            log.warning("commit_failed", error=str(exc), errno=errno_name(exc))
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"commit of {command.checkpoint_id} failed: {exc}"
             ) from exc
@@ -327,12 +338,25 @@ class Participant(Actor):
                         await self._end(transition.checkpoint_id)
 
 
-def write_records(path: Path, records: list[Any]) -> FileDigest:
-    """Write msgpack records to ``path`` durably (fsync) and return the manifest entry."""
+def errno_name(exc: OSError) -> str | None:
+    return errno.errorcode.get(exc.errno) if exc.errno is not None else None
+
+
+def write_records(
+    path: Path, records: list[Any], *, faults: FaultPoints | None = None, qualifier: str | None = None
+) -> FileDigest:
+    """Write msgpack records to ``path`` durably (fsync) and return the manifest entry.
+
+    ``faults``: the ``commit_write`` fault point fails this write half-way, as a full disk would."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = msgspec.msgpack.encode(records)
     with open(path, "wb") as handle:
-        handle.write(data)
+        half = len(data) // 2
+        handle.write(data[:half])
+        if faults is not None:
+            handle.flush()
+            faults.reach("commit_write", qualifier, path=path)
+        handle.write(data[half:])
         handle.flush()
         os.fsync(handle.fileno())
     return FileDigest(

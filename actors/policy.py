@@ -29,7 +29,7 @@ import msgspec
 import structlog
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
-from parkway.actors.participant import ParkReport, Participant, write_records
+from parkway.actors.participant import ParkReport, Participant
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.ids import capture_key
@@ -269,7 +269,7 @@ class Policy(Participant):
             "generating": sorted(self._generating),
             "held": sorted(self._held),
         }
-        return (write_records(directory / "participant.msgpack", [record]),)
+        return (self.write_records(directory / "participant.msgpack", [record]),)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         # Read first: a snapshot that cannot be read changes nothing here.

@@ -295,7 +295,12 @@ class SnapshotCoordinator:
                     t0 = time.perf_counter()
                     reached.append(step.name)  # type: ignore[arg-type]
                     self.controller.faults.reach(f"save_{step.name.value}")
-                    result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
+                    try:
+                        result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
+                    except OSError as exc:
+                        # Storage (a disk that is full, an I/O error, a failed fsync or rename): the
+                        # snapshot is aborted and the next interval tries again.
+                        raise SnapshotFailure(step.name.value, f"storage: {exc}", transient=True) from exc
                     took = time.perf_counter() - t0
                     self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
                     self.controller.metrics.snapshot_step(step.name.value, took)
@@ -309,6 +314,7 @@ class SnapshotCoordinator:
             except SnapshotFailure as failure:
                 if SaveStep.PUBLISH not in reached[:-1]:
                     await self._abort(state, failure)
+                    self.controller.faults.reach("after_abort")
                 self.controller.gate_open = True
                 self.controller._wake.set()
                 self.metrics.failed += 1
@@ -445,7 +451,10 @@ class SnapshotCoordinator:
         tmp.mkdir(parents=True, exist_ok=True)
         path = tmp / "ledger.msgpack"
         with open(path, "wb") as handle:
-            handle.write(data)
+            handle.write(data[: len(data) // 2])
+            handle.flush()
+            self.controller.faults.reach("capture_write", path=path)
+            handle.write(data[len(data) // 2 :])
             handle.flush()
             os.fsync(handle.fileno())
         state["files"].append(
@@ -509,17 +518,31 @@ class SnapshotCoordinator:
             "files": state["files"],
         }
         manifest_path = tmp / "manifest.json"
+        faults = self.controller.faults
         with open(manifest_path, "w") as handle:
-            json.dump(manifest, handle, indent=1, sort_keys=True)
+            text = json.dumps(manifest, indent=1, sort_keys=True)
+            handle.write(text[: len(text) // 2])
+            handle.flush()
+            faults.reach("publish_write", path=manifest_path)
+            handle.write(text[len(text) // 2 :])
             handle.flush()
             os.fsync(handle.fileno())
         for directory in sorted(
             {(tmp / e["path"]).parent for e in state["files"]} | {tmp}, key=lambda p: -len(p.parts)
         ):
+            faults.reach("publish_fsync", "files", path=directory)
             fsync_dir(directory)
         final = self.run_dir / f"snapshot_{state['seq']}"
+        faults.reach("publish_rename", path=tmp)
         os.rename(tmp, final)
-        fsync_dir(self.run_dir)
+        try:
+            faults.reach("publish_fsync", "parent", path=self.run_dir)
+            fsync_dir(self.run_dir)
+        except OSError:
+            # The rename may not be durable: undo it, so the snapshot is aborted like any failure
+            # before the rename and the previous one stays authoritative.
+            os.rename(final, tmp)
+            raise
         self._last_progress = state["progress"]
         self._prune()
         if self.on_published is not None:
