@@ -32,8 +32,10 @@ from parkway.actors.snapshot_inventory import (
     RESTORE_KINDS,
     check_snapshot,
     list_snapshots,
+    may_be_this_work,
     missing_staging_keys,
     newest_trainer_step,
+    read_manifest,
     sha256_file,
     skip_reason,
 )
@@ -76,6 +78,11 @@ RESUME_RETRIES = 5
 
 class SnapshotInvalid(Exception):
     """A snapshot on disk that does not verify; the message says exactly what is wrong."""
+
+
+class NoValidSnapshot(SnapshotInvalid):
+    """Snapshots of this work are on disk and none verifies: a start refuses to begin afresh over them
+    (that would silently throw their rollouts away); the message names each one and what is wrong."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -126,16 +133,23 @@ def verify_snapshot(directory: Path) -> dict[str, Any]:
 
 
 def select_snapshot(
-    run_dir: Path, *, config_fingerprint: str, trainer_step: int | None = None
+    run_dir: Path,
+    *,
+    config_fingerprint: str,
+    trainer_step: int | None = None,
+    broken: list[str] | None = None,
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest snapshot that verifies, belongs to this configuration and (when the trainer has
     checkpoints) is anchored at the newest one; corrupt ones are skipped with a warning naming them
-    (the one before stays authoritative)."""
+    (the one before stays authoritative). ``broken`` collects what is wrong with each skipped one
+    that may hold this configuration's work."""
     for _, path in reversed(list_snapshots(run_dir)):
         try:
             manifest = verify_snapshot(path)
         except SnapshotInvalid as exc:
             log.warning("snapshot_skipped", snapshot=path.name, reason=str(exc))
+            if broken is not None and may_be_this_work(read_manifest(path)[0], config_fingerprint):
+                broken.append(str(exc))
             continue
         reason = skip_reason(manifest, config_fingerprint=config_fingerprint, trainer_step=trainer_step)
         if reason is not None:
@@ -647,11 +661,23 @@ class SnapshotCoordinator:
             return False
         await self.end_orphaned_checkpoints()
         trainer_step = self.newest_trainer_checkpoint()
+        broken: list[str] = []
         selected = select_snapshot(
-            self.run_dir, config_fingerprint=self.config_fingerprint, trainer_step=trainer_step
+            self.run_dir, config_fingerprint=self.config_fingerprint, trainer_step=trainer_step, broken=broken
         )
         if selected is None and trainer_step is not None:
             return await self._restore_fallback(trainer_step)
+        if selected is None and broken:
+            # Starting afresh would silently drop every rollout those snapshots hold: say what is
+            # wrong and let the user decide (fix the storage, or move them away).
+            log.error("no_valid_snapshot", run_dir=str(self.run_dir), problems=broken)
+            raise NoValidSnapshot(
+                f"no snapshot of run {self.controller.run!r} verifies, so nothing can be restored and "
+                "starting afresh would discard them: "
+                + "; ".join(broken)
+                + f". Check them with `parkway snapshots verify --run {self.controller.run}`; to start "
+                f"the run afresh, move them away from {self.run_dir}"
+            )
         if selected is None:
             return False
         path, manifest = selected
