@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import structlog
 from parkway.actors import chat
-from parkway.actors.participant import ParkReport, Participant, write_records
+from parkway.actors.participant import ParkReport, Participant
 from parkway.actors.programs import PROGRAMS
 from parkway.actors.rollout import RolloutContext, RolloutFailure, ToolOutcome
 from parkway.actors.transcript import ModelStep, SavedRollout, ToolStep, prompt_digest
@@ -197,7 +197,7 @@ class Agent(Participant):
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         saved = [live.saved() for _, live in sorted(self.live.items())]
-        return (write_records(directory / "rollouts.msgpack", saved),)
+        return (self.write_records(directory / "rollouts.msgpack", saved),)
 
     def saved_episodes(self) -> tuple[EpisodeRef, ...]:
         return tuple(EpisodeRef(rollout_id=r, attempt=a, replica=self.replica) for r, a in sorted(self.live))
@@ -208,6 +208,8 @@ class Agent(Participant):
         return msgspec.structs.replace(reply, episodes=self.saved_episodes())  # type: ignore[type-var]
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        # Read first: a snapshot that cannot be read changes nothing here.
+        saved = msgspec.msgpack.decode((directory / "rollouts.msgpack").read_bytes(), type=list[SavedRollout])
         # A restored agent runs nothing from before: work it picked up from the dead cluster's queues
         # is stopped, and anything older than this controller incarnation is refused from now on.
         self.epoch = max(self.epoch, command.epoch)
@@ -217,7 +219,6 @@ class Agent(Participant):
         await asyncio.gather(*zombies, return_exceptions=True)
         self.unacked.clear()
         self.counts["runs_stopped_at_restore"] += len(zombies)
-        saved = msgspec.msgpack.decode((directory / "rollouts.msgpack").read_bytes(), type=list[SavedRollout])
         continuing = {e.rollout_id: e.attempt for e in command.episodes if e.replica == self.replica}
         restored = []
         for item in saved:

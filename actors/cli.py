@@ -36,6 +36,7 @@ from parkway.actors.roles import DEFAULT_TOPOLOGY, ROLES
 from parkway.actors.service import build_actor, serve
 from parkway.actors.settings import RunSettings, SettingsError
 from parkway.actors.snapshot_cli import register as register_snapshots
+from parkway.actors.snapshots import SnapshotInvalid
 from parkway.actors.tasks import load_tasks
 from parkway.actors.workload import run_workload
 from parkway.brokers import BrokerError, RequestTimeout, connect
@@ -360,6 +361,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         summary = asyncio.run(go())
     except SetupError as exc:
         print(f"parkway: setup: {exc}", file=sys.stderr)
+        return 2
+    except SnapshotInvalid as exc:  # nothing restorable (every snapshot corrupt), or another topology
+        print(f"parkway: restore: {exc}", file=sys.stderr)
         return 2
     fields = msgspec.structs.asdict(summary)
     if args.json:

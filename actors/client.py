@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from parkway.actors.settings import max_body_bytes
 from parkway.brokers.base import Broker, Envelope
 from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -16,10 +17,11 @@ from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign, veri
 
 
 class Client:
-    def __init__(self, broker: Broker, *, secret: bytes, sender: str) -> None:
+    def __init__(self, broker: Broker, *, secret: bytes, sender: str, max_bytes: int | None = None) -> None:
         self.broker = broker
         self.secret = secret
         self.sender = sender
+        self.max_bytes = max_bytes if max_bytes is not None else max_body_bytes()
 
     @property
     def run(self) -> str:
@@ -35,6 +37,11 @@ class Client:
         persistent: bool = True,
     ) -> Envelope:
         body = codec.encode(message, content_type)
+        if len(body) > self.max_bytes:  # the receiver would refuse it: say so here, send nothing
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"{type(message).__name__} of {len(body)} bytes exceeds the limit of {self.max_bytes} bytes",
+            )
         signature = sign(
             self.secret,
             run=self.run,
@@ -47,7 +54,9 @@ class Client:
         return Envelope(body, content_type, correlation_id, all_headers, persistent=persistent)
 
     def open(self, envelope: Envelope) -> Message:
-        """Verify and decode a received envelope, or raise ``ProtocolError``."""
+        """Verify and decode a received envelope, or raise ``ProtocolError``. An oversized body is
+        refused before anything reads it (even before its signature is checked)."""
+        codec.check_size(envelope.body, self.max_bytes)
         sender = envelope.headers.get(SENDER_HEADER, "")
         if not verify(
             self.secret,
@@ -63,7 +72,7 @@ class Client:
                 f"signature of a message from {sender or 'an unnamed sender'} does not verify for run "
                 f"{self.run!r} (wrong secret, unsigned, or a message from another run)",
             )
-        return codec.decode(envelope.body, envelope.content_type)
+        return codec.decode(envelope.body, envelope.content_type, max_bytes=self.max_bytes)
 
     async def send(
         self, address: str, message: Message, *, correlation_id: str, persistent: bool = True

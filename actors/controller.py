@@ -56,6 +56,7 @@ log = structlog.get_logger("parkway.controller")
 
 ACK_FLUSH_S = 0.01
 WEIGHTS_TIMEOUT_S = 600.0  # loading a large model's weights from disk takes minutes, not seconds
+FETCH_CHUNK = 64  # rollouts per FetchRows: each reply stays far below the message size limit
 
 
 class SetupError(Exception):
@@ -184,6 +185,10 @@ class Controller(Actor):
         key = (receipt.rollout_id, receipt.attempt)
         if not self.ledger.knows(receipt.rollout_id):
             self.counts["receipts_stale"] += 1  # its group was finalized already: acknowledge, change nothing
+        elif receipt.attempt >= len(self.ledger.sibling(receipt.rollout_id).attempts):
+            # An attempt this controller never reserved (another run's agent, a forged receipt): ignored.
+            self.counts["receipts_stale"] += 1
+            log.warning("receipt_unknown_attempt", rollout_id=receipt.rollout_id, attempt=receipt.attempt)
         else:
             sibling = self.ledger.sibling(receipt.rollout_id)
             target = sibling.attempts[receipt.attempt] if receipt.attempt < len(sibling.attempts) else None
@@ -439,16 +444,22 @@ class Controller(Actor):
             async with self._snapshot_lock:
                 return await self.snapshots.save()
         except SnapshotFailure as failure:
-            if not failure.transient:
-                raise RuntimeError(
-                    f"snapshot invariant violated at {failure.step}: {failure.detail}"
-                ) from failure
-            if self.snapshots.metrics.consecutive_failures >= self._config.max_consecutive_failures:
-                raise RuntimeError(
-                    f"{self.snapshots.metrics.consecutive_failures} snapshots failed in a row; last at "
-                    f"{failure.step}: {failure.detail}"
-                ) from failure
+            self._snapshot_failed(failure)
             return None
+
+    def _snapshot_failed(self, failure: SnapshotFailure) -> None:
+        """A snapshot attempt failed (and was aborted): a transient failure is retried at the next
+        interval, up to ``max_consecutive_failures`` in a row; an invariant violation ends the run."""
+        assert self.snapshots is not None and self._config is not None
+        if not failure.transient:
+            raise RuntimeError(
+                f"snapshot invariant violated at {failure.step}: {failure.detail}"
+            ) from failure
+        if self.snapshots.metrics.consecutive_failures >= self._config.max_consecutive_failures:
+            raise RuntimeError(
+                f"{self.snapshots.metrics.consecutive_failures} snapshots failed in a row; last at "
+                f"{failure.step}: {failure.detail}"
+            ) from failure
 
     async def on_snapshot(self, request: Snapshot) -> Message:
         """``parkway snapshot``: one snapshot now, answered with what was published."""
@@ -825,8 +836,13 @@ class Controller(Actor):
             return
         step = self.counts["train_steps"]
         self.snapshots.write_trainer_checkpoint(step, anchor=self.anchor(), state=trainer.state())
-        async with self._snapshot_lock:
-            await self.snapshots.save(force=True)
+        try:
+            async with self._snapshot_lock:
+                await self.snapshots.save(force=True)
+        except SnapshotFailure as failure:
+            # Like a periodic one: the next interval takes a snapshot at this step (meanwhile the
+            # fallback marker just written is what a restore would use).
+            self._snapshot_failed(failure)
 
     async def _summary(self, config: RunConfig, expected: int, wall: float, trainer: Trainer) -> RunSummary:
         counts: dict[str, int] = defaultdict(int)
@@ -894,10 +910,16 @@ class Controller(Actor):
         rollouts = tuple(sorted(self._sealed_rows))
         if not rollouts:
             return hashlib.sha256().hexdigest()
-        reply = await self.client.call("tq/0", FetchRows(rollout_ids=rollouts), correlation_id="fetch:digest")
-        assert isinstance(reply, CanonicalRows)
+        rows = []
+        for start in range(0, len(rollouts), FETCH_CHUNK):  # a bounded reply each (the body size limit)
+            chunk = rollouts[start : start + FETCH_CHUNK]
+            reply = await self.client.call(
+                "tq/0", FetchRows(rollout_ids=chunk), correlation_id=f"fetch:digest:{start}"
+            )
+            assert isinstance(reply, CanonicalRows)
+            rows.extend(reply.rows)
         h = hashlib.sha256()
-        for row in sorted(reply.rows, key=lambda r: r.rollout_id):
+        for row in sorted(rows, key=lambda r: r.rollout_id):
             for turn in row.turns:
                 h.update(f"{row.rollout_id}/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
         return h.hexdigest()

@@ -1,31 +1,71 @@
-"""Named fault points: a test or the chaos harness asks a process to kill itself at an exact step.
+"""Named fault points: a test or the chaos harness asks a process to fail at an exact step.
 
 ``PARKWAY_FAULTS="after_reply_journaled:Probe,after_publish@2"`` makes the process SIGKILL itself when it
 reaches one of those points: the first time, or (``@N``) the N-th time; ``:QUALIFIER`` narrows a point
-to one message type. A real signal, so what survives is what a real crash leaves behind.
+to one message type (or, for the write points, one role). A real signal, so what survives is what a
+real crash leaves behind.
+
+``=ERRNO`` makes the point fail like the storage under it instead: ``commit_write:resources=ENOSPC@2``
+raises ``OSError(ENOSPC)`` at the second commit write of a resources actor, half-way through the file
+(a disk that fills up), and lets every other hit through (the fault clears); ``@2+`` fails the second
+and every later one (a disk that stays full). Write points:
+
+- ``commit_write:<role>``: a participant writing its records at Commit (``participant.write_records``);
+- ``capture_write``: the controller writing the ledger at the cut;
+- ``publish_write``: the controller writing the manifest;
+- ``publish_fsync:files`` and ``publish_fsync:parent``: fsyncing the snapshot's directories before the
+  rename, and the run directory after it;
+- ``publish_rename``: renaming ``tmp_<id>`` to ``snapshot_<seq>``.
+
+Kill points of the snapshot sequence: ``save_<step>`` and ``after_<step>`` (``protocol/snapshot.py``),
+``after_abort`` (an aborted snapshot, cleaned up), ``participant_prepare:<role>``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
 FAULTS_ENV = "PARKWAY_FAULTS"
+KILL = "kill"
+
+
+class FaultSpecError(ValueError):
+    """A ``PARKWAY_FAULTS`` item that cannot be read; the message names it."""
 
 
 class FaultPoints:
     def __init__(self, spec: str | None = None) -> None:
-        self._armed: dict[tuple[str, str | None], int] = {}  # point -> the hit that kills
+        # point -> (the hit that fails, whether every later hit fails too, the action)
+        self._armed: dict[tuple[str, str | None], tuple[int, bool, str]] = {}
         self._hits: dict[tuple[str, str | None], int] = {}
-        for item in (spec if spec is not None else os.environ.get(FAULTS_ENV, "")).split(","):
-            item, _, nth = item.strip().partition("@")
+        for raw in (spec if spec is not None else os.environ.get(FAULTS_ENV, "")).split(","):
+            item, _, nth = raw.strip().partition("@")
+            item, _, action = item.partition("=")
             name, _, qualifier = item.partition(":")
-            if name:
-                self._armed[(name, qualifier or None)] = int(nth) if nth.isdigit() else 1
+            if not name:
+                continue
+            action = action or KILL
+            if action != KILL and not isinstance(getattr(errno, action, None), int):
+                raise FaultSpecError(f"{FAULTS_ENV} item {raw.strip()!r}: {action!r} is not an errno name")
+            onwards = nth.endswith("+")
+            nth = nth.removesuffix("+")
+            if nth and not nth.isdigit():
+                raise FaultSpecError(f"{FAULTS_ENV} item {raw.strip()!r}: want @N or @N+ with N a number")
+            self._armed[(name, qualifier or None)] = (int(nth) if nth else 1, onwards, action)
 
-    def reach(self, point: str, qualifier: str | None = None) -> None:
+    def reach(self, point: str, qualifier: str | None = None, *, path: object = None) -> None:
+        """SIGKILL this process, or raise the armed ``OSError`` (naming ``path``), when this is the hit."""
         for key in {(point, None), (point, qualifier)}:
             if key in self._armed:
                 self._hits[key] = self._hits.get(key, 0) + 1
-                if self._hits[key] == self._armed[key]:
+                nth, onwards, action = self._armed[key]
+                if not (self._hits[key] == nth or (onwards and self._hits[key] > nth)):
+                    continue
+                if action == KILL:
                     os.kill(os.getpid(), signal.SIGKILL)
+                code = getattr(errno, action)
+                raise OSError(
+                    code, f"{os.strerror(code)} (fault point {point})", *([str(path)] if path else [])
+                )

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 
 import msgspec
 import structlog
+from parkway.actors.faults import FaultPoints
 from parkway.actors.runtime import Actor
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.messages import (
@@ -114,7 +117,11 @@ class Participant(Actor):
             "checkpoint_id": command.checkpoint_id,
             "episodes": [msgspec.to_builtins(e) for e in command.episodes],
         }
-        return (write_records(directory / "participant.msgpack", [record]),)
+        return (self.write_records(directory / "participant.msgpack", [record]),)
+
+    def write_records(self, path: Path, records: list[Any]) -> FileDigest:
+        """``write_records`` with this participant's ``commit_write`` fault point armed."""
+        return write_records(path, records, faults=self.faults, qualifier=self.role)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         return ()
@@ -195,6 +202,10 @@ class Participant(Actor):
         try:
             files = await self.write_snapshot(directory, command)
         except OSError as exc:
+            # A write that failed (disk full, I/O error) leaves nothing half-written behind; the
+            # controller aborts the snapshot under this id and the previous one stays authoritative.
+            shutil.rmtree(directory, ignore_errors=True)
+            log.warning("commit_failed", error=str(exc), errno=errno_name(exc))
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"commit of {command.checkpoint_id} failed: {exc}"
             ) from exc
@@ -223,7 +234,26 @@ class Participant(Actor):
 
     async def on_restore(self, command: Restore) -> Message:
         self.phases.check(Event.RESTORE, command.checkpoint_id, now=time.time(), deadline=command.deadline)
-        rollouts = await self.install_snapshot(self.participant_dir(command.location), command)
+        directory = self.participant_dir(command.location)
+        try:
+            rollouts = await self.install_snapshot(directory, command)
+        except (
+            OSError,
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            KeyError,
+            TypeError,
+            ValueError,
+        ) as exc:
+            # A snapshot this participant cannot read (missing, truncated, not its records) is refused
+            # with what is wrong; installing reads everything before it changes anything.
+            detail = (
+                exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            )
+            where = directory.relative_to(self.snapshot_root) if self.snapshot_root else directory
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE, f"{command.location} cannot be restored: {where}: {detail}"
+            ) from exc
         self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
         self._ended[command.checkpoint_id] = asyncio.Event()
         return Restored(checkpoint_id=command.checkpoint_id, rollouts=rollouts)
@@ -239,10 +269,25 @@ class Participant(Actor):
         return Ok(detail=f"forgot {len(command.attempts)}")
 
     # -- helpers -------------------------------------------------------------------------------
+    def snapshot_parts(self) -> tuple[str, ...]:
+        """Where this participant's records go inside a snapshot directory."""
+        return ("participants", self.role, str(self.replica))
+
     def participant_dir(self, location: str) -> Path:
+        """This participant's directory in snapshot ``location``; refused (``invalid_message``) when
+        a symlink planted anywhere on the way would lead it outside the run's snapshot directory.
+        (``location`` itself is one checked path component: see ``messages.LOCATION_PATTERN``.)"""
         if self.snapshot_root is None:
             raise ProtocolError(ErrorCode.UNAVAILABLE, f"{self.address} has no snapshot root configured")
-        return self.snapshot_root / self.run / location / "participants" / self.role / str(self.replica)
+        run_dir = self.snapshot_root / self.run
+        directory = run_dir.joinpath(location, *self.snapshot_parts())
+        base, target = os.path.realpath(run_dir), os.path.realpath(directory)
+        if os.path.commonpath([base, target]) != base or target == base:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"{directory} leads to {target}, outside the snapshot directory {base}: refused",
+            )
+        return directory
 
     def _apply(self, event: Event, checkpoint_id: str, deadline: float | None) -> Transition:
         transition = self.phases.apply(event, checkpoint_id, now=time.time(), deadline=deadline)
@@ -278,7 +323,10 @@ class Participant(Actor):
                 await self._lease_changed.wait()
                 continue
             try:
-                await asyncio.wait_for(self._lease_changed.wait(), max(0.0, expires - time.time()))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that
+                # stop() sends when the lease changed in the same instant, and stop() then hangs.
+                async with asyncio.timeout(max(0.0, expires - time.time())):
+                    await self._lease_changed.wait()
             except TimeoutError:
                 with structlog.contextvars.bound_contextvars(
                     **self.log_context(), checkpoint_id=self.phases.checkpoint_id
@@ -290,12 +338,25 @@ class Participant(Actor):
                         await self._end(transition.checkpoint_id)
 
 
-def write_records(path: Path, records: list[Any]) -> FileDigest:
-    """Write msgpack records to ``path`` durably (fsync) and return the manifest entry."""
+def errno_name(exc: OSError) -> str | None:
+    return errno.errorcode.get(exc.errno) if exc.errno is not None else None
+
+
+def write_records(
+    path: Path, records: list[Any], *, faults: FaultPoints | None = None, qualifier: str | None = None
+) -> FileDigest:
+    """Write msgpack records to ``path`` durably (fsync) and return the manifest entry.
+
+    ``faults``: the ``commit_write`` fault point fails this write half-way, as a full disk would."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = msgspec.msgpack.encode(records)
     with open(path, "wb") as handle:
-        handle.write(data)
+        half = len(data) // 2
+        handle.write(data[:half])
+        if faults is not None:
+            handle.flush()
+            faults.reach("commit_write", qualifier, path=path)
+        handle.write(data[half:])
         handle.flush()
         os.fsync(handle.fileno())
     return FileDigest(

@@ -29,7 +29,7 @@ import msgspec
 import structlog
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
-from parkway.actors.participant import ParkReport, Participant, write_records
+from parkway.actors.participant import ParkReport, Participant
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.ids import capture_key
@@ -123,6 +123,9 @@ class Policy(Participant):
                     stop_token_ids=call.stop_token_ids,
                 )
             )
+        except (ValueError, OverflowError) as exc:
+            # A request this engine cannot take (a token outside its vocabulary, a seed out of range).
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"the engine refused {request_id}: {exc}") from exc
         finally:
             self._generating.pop(request_id, None)
             if not self._generating:
@@ -266,20 +269,24 @@ class Policy(Participant):
             "generating": sorted(self._generating),
             "held": sorted(self._held),
         }
-        return (write_records(directory / "participant.msgpack", [record]),)
+        return (self.write_records(directory / "participant.msgpack", [record]),)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        # Read first: a snapshot that cannot be read changes nothing here.
+        [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
+        if not isinstance(record, dict):
+            raise TypeError(f"participant.msgpack holds a {type(record).__name__}, not a record")
+        weights_dir = record.get("weights_dir")
+        policy_version = int(record["policy_version"])
         # Calls in flight belong to the cluster that died: abort them and capture nothing of them
         # (the restored agents re-issue what they need: same request, same tokens).
         for request_id, attempt in list(self._generating.items()):
             self.retired.add(attempt)
             await self.pool.abort(request_id)
-        [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
-        weights_dir = record.get("weights_dir")
         if weights_dir is not None and weights_dir != self.weights_dir:
             # The rollouts resume on the weights they were generating with, not on the start-up ones.
             await self._load(weights_dir)
-        self.policy_version = int(record["policy_version"])
+        self.policy_version = policy_version
         return ()
 
     async def release(self) -> None:

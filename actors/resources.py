@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import structlog
 from parkway.actors.environments import ENVIRONMENTS, Environment, Record, ToolError
-from parkway.actors.participant import ParkReport, Participant, write_records
+from parkway.actors.participant import ParkReport, Participant
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.messages import (
     AttemptRef,
@@ -224,7 +224,7 @@ class Resources(Participant):
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         saved = [] if self.mode == "restart_only" else _saved_sessions(self)
-        return (write_records(directory / "sessions.msgpack", saved),)
+        return (self.write_records(directory / "sessions.msgpack", saved),)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         """Reopen each saved session under its continuing attempt (the one in the restore's scope)."""

@@ -2,7 +2,8 @@
 
 What happens to every delivery, in order:
 
-1. the signature is checked (``unauthorized``), the bytes decoded (``invalid_message``,
+1. the body's size is checked (``invalid_message`` over ``PARKWAY_MAX_BODY_BYTES``, 16 MiB by
+   default), the signature (``unauthorized``), the bytes decoded (``invalid_message``,
    ``unsupported_version``), a control command's correlation id checked against its checkpoint id;
    a refused message gets an ``Error`` reply where it has a reply address, goes to the dead-letter
    queue with the reason, and is logged. The actor carries on.
@@ -269,13 +270,24 @@ class Actor:
         headers = {}
         if REQUEST_ID_HEADER in request.headers:
             headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
-        envelope = self.client.envelope(
-            reply,
-            correlation_id=request.correlation_id,
-            content_type=content_type,
-            headers=headers,
-            persistent=False,
-        )
+        try:
+            envelope = self.client.envelope(
+                reply,
+                correlation_id=request.correlation_id,
+                content_type=content_type,
+                headers=headers,
+                persistent=False,
+            )
+        except ProtocolError as err:  # a reply over the size limit: the requester gets why instead
+            log.warning("reply_too_large", message_type=type(reply).__name__, detail=err.detail)
+            error = Error(code=err.code, detail=f"the reply was not sent: {err.detail}; ask for less")
+            envelope = self.client.envelope(
+                error,
+                correlation_id=request.correlation_id,
+                content_type=content_type,
+                headers=headers,
+                persistent=False,
+            )
         await self.broker.reply(request.reply_to, envelope)
 
     # -- handlers every actor has --------------------------------------------------------------

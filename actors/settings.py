@@ -3,24 +3,39 @@
 Credentials never come from code: the broker URL (with its password) and the run secret are read from
 ``PARKWAY_BROKER_URL`` and ``PARKWAY_SECRET``; a command-line flag may override the URL.
 ``PARKWAY_METRICS_PORT`` (or ``--metrics-port``) serves the process's Prometheus metrics on that port;
-0 or unset serves none.
+0 or unset serves none. ``PARKWAY_MAX_BODY_BYTES`` sets the largest message body accepted and sent
+(16 MiB by default).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from parkway.protocol import codec
 from parkway.protocol.ids import validate_name
 
 DEFAULT_RUN = "default"
 MEMORY_URL = "memory://"
+MAX_BODY_ENV = "PARKWAY_MAX_BODY_BYTES"
 
 
 class SettingsError(Exception):
     """A setting is missing or malformed; the message says which and how to fix it."""
+
+
+def max_body_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The largest message body an actor or client accepts and sends: ``PARKWAY_MAX_BODY_BYTES``,
+    else ``codec.MAX_BODY_BYTES`` (16 MiB). Keep it at or below the broker's ``max_message_size``."""
+    text = (os.environ if environ is None else environ).get(MAX_BODY_ENV, "").strip()
+    if not text:
+        return codec.MAX_BODY_BYTES
+    if not text.isdigit() or int(text) < 1024:
+        raise SettingsError(f"{MAX_BODY_ENV}={text!r}: want a number of bytes, at least 1024")
+    return int(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,8 +49,20 @@ class Kind(StrEnum):
     STAGING = "staging"  # saved turns reference staging rows that TQ's capture does not hold
 
 
-# What a restore checks before it picks a snapshot (``verify_snapshot``): the manifest and the digests.
-RESTORE_KINDS = frozenset({Kind.UNREADABLE, Kind.NOT_JSON, Kind.SCHEMA, Kind.MISSING, Kind.SIZE, Kind.DIGEST})
+# What a restore checks before it picks a snapshot (``verify_snapshot``): the manifest (of this run),
+# the digests, and the ledger it loads (it is listed, it loads, it agrees with the saved episodes).
+RESTORE_KINDS = frozenset(
+    {
+        Kind.UNREADABLE,
+        Kind.NOT_JSON,
+        Kind.SCHEMA,
+        Kind.MISSING,
+        Kind.SIZE,
+        Kind.DIGEST,
+        Kind.OTHER_RUN,
+        Kind.LEDGER,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +166,14 @@ def skip_reason(manifest: dict[str, Any], *, config_fingerprint: str, trainer_st
     return None
 
 
+def may_be_this_work(manifest: Any, config_fingerprint: str | None) -> bool:
+    """Whether a snapshot that does not verify could hold this configuration's work: its manifest
+    cannot say otherwise (unreadable, no fingerprint) or names this very configuration. A start never
+    begins afresh over such a snapshot; one of other work is no reason to stop."""
+    theirs = manifest.get("config_fingerprint") if isinstance(manifest, dict) else None
+    return not isinstance(theirs, str) or config_fingerprint is None or theirs == config_fingerprint
+
+
 def files_on_disk(directory: Path) -> dict[str, int]:
     """Every regular file under ``directory``: its path relative to it, and its size."""
     found: dict[str, int] = {}
@@ -208,7 +228,8 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
     """Every problem of the snapshot in ``directory``; empty when it verifies.
 
     ``deep=False`` makes only the checks a restore makes before it picks a snapshot: the manifest
-    reads and fits its schema, and every listed file is there with its size and sha256."""
+    reads, fits its schema and names this run, every listed file is there with its size and sha256,
+    and the ledger is listed, loads and agrees with the saved episodes."""
     name = directory.name
     manifest, problems = read_manifest(directory)
     if manifest is None:
@@ -229,24 +250,20 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
             )
         )
 
-    if deep and head is not None:
-        run_dir_name = directory.parent.name
-        if head.run != run_dir_name:
-            problems.append(
-                Problem(
-                    name,
-                    "manifest.json",
-                    Kind.OTHER_RUN,
-                    f"names run {head.run!r}, but lies in the directory of run {run_dir_name!r}: "
-                    "a manifest from another run",
-                )
+    if head is not None and head.run != directory.parent.name:
+        problems.append(
+            Problem(
+                name,
+                "manifest.json",
+                Kind.OTHER_RUN,
+                f"names run {head.run!r}, but lies in the directory of run {directory.parent.name!r}: "
+                "a manifest from another run",
             )
-        if name != f"snapshot_{head.seq}":
-            problems.append(
-                Problem(
-                    name, "manifest.json", Kind.SEQUENCE, f"says seq {head.seq}, but its directory is {name}"
-                )
-            )
+        )
+    if deep and head is not None and name != f"snapshot_{head.seq}":
+        problems.append(
+            Problem(name, "manifest.json", Kind.SEQUENCE, f"says seq {head.seq}, but its directory is {name}")
+        )
 
     raw_files = manifest.get("files")
     entries: list[ManifestFile] = []
@@ -329,14 +346,25 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
             )
             continue
         intact.add(entry.path)
-    if not deep:
-        return problems
-
-    on_disk = files_on_disk(directory)
     if LEDGER_FILE not in listed:
         problems.append(
             Problem(name, LEDGER_FILE, Kind.MISSING, "is not listed in the manifest (a restore reads it)")
         )
+    ledger: Any = None
+    if LEDGER_FILE in intact:
+        try:
+            ledger = msgspec.msgpack.decode((directory / LEDGER_FILE).read_bytes())
+        except msgspec.DecodeError as exc:
+            problems.append(
+                Problem(name, LEDGER_FILE, Kind.LEDGER, f"cannot be loaded: not MessagePack: {exc}")
+            )
+        else:
+            if head is not None:
+                problems += _check_ledger(name, ledger, head)
+    if not deep:
+        return problems
+
+    on_disk = files_on_disk(directory)
     for path in sorted(set(on_disk) - listed - {"manifest.json", LEDGER_FILE}):
         problems.append(
             Problem(name, path, Kind.STRAY, f"is on disk ({on_disk[path]} bytes) but not in the manifest")
@@ -344,15 +372,13 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
 
     decoded: dict[str, Any] = {}
     for entry in entries:
-        if entry.path not in intact or not entry.path.endswith(".msgpack"):
-            continue
+        if entry.path not in intact or not entry.path.endswith(".msgpack") or entry.path == LEDGER_FILE:
+            continue  # (the ledger was read above)
         try:
             decoded[entry.path] = msgspec.msgpack.decode((directory / entry.path).read_bytes())
         except msgspec.DecodeError as exc:
             problems.append(Problem(name, entry.path, Kind.RECORDS, f"is not valid MessagePack: {exc}"))
             continue
-        if entry.path == LEDGER_FILE:
-            continue  # one record, a map; the ledger check below reads it
         value = decoded[entry.path]
         count = len(value) if isinstance(value, list) else None
         if count != entry.records:
@@ -361,8 +387,6 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
                 Problem(name, entry.path, Kind.RECORDS, f"holds {holds}, manifest says {entry.records}")
             )
 
-    if head is not None and LEDGER_FILE in decoded:
-        problems += _check_ledger(name, decoded[LEDGER_FILE], head)
     if STAGING_FILE in decoded:
         try:
             missing = missing_staging_keys(directory, only=intact)
@@ -386,7 +410,7 @@ def _check_ledger(name: str, record: Any, head: ManifestHead) -> list[Problem]:
 
     try:
         ledger = Ledger.load(record["ledger"])
-    except (KeyError, TypeError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (KeyError, TypeError, ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         return [Problem(name, LEDGER_FILE, Kind.LEDGER, f"cannot be loaded: {type(exc).__name__}: {exc}")]
     saved = {(r, a) for r, a in head.episodes}
     restarts = {(r, a) for r, a in head.restarts}
@@ -635,11 +659,21 @@ def inventory(
         snapshot.restore = True
         found.restore_detail = f"a restore starts from {snapshot.name}"
         return found
+    broken = [
+        s.name
+        for s in snapshots
+        if s.problem is not None and may_be_this_work(s.manifest, config_fingerprint)
+    ]
     if trainer_step is not None:
         found.fallback_step = trainer_step
         found.restore_detail = (
             f"no snapshot fits: a restore falls back to trainer checkpoint {trainer_step}'s marker "
             "(unfinished groups restart from their prompt)"
+        )
+    elif broken:
+        found.restore_detail = (
+            f"no snapshot verifies ({', '.join(broken)}): a start refuses to begin afresh over them; "
+            "move them away to start afresh"
         )
     else:
         found.restore_detail = "no snapshot fits: a start begins afresh"

@@ -32,8 +32,10 @@ from parkway.actors.snapshot_inventory import (
     RESTORE_KINDS,
     check_snapshot,
     list_snapshots,
+    may_be_this_work,
     missing_staging_keys,
     newest_trainer_step,
+    read_manifest,
     sha256_file,
     skip_reason,
 )
@@ -76,6 +78,11 @@ RESUME_RETRIES = 5
 
 class SnapshotInvalid(Exception):
     """A snapshot on disk that does not verify; the message says exactly what is wrong."""
+
+
+class NoValidSnapshot(SnapshotInvalid):
+    """Snapshots of this work are on disk and none verifies: a start refuses to begin afresh over them
+    (that would silently throw their rollouts away); the message names each one and what is wrong."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -126,16 +133,23 @@ def verify_snapshot(directory: Path) -> dict[str, Any]:
 
 
 def select_snapshot(
-    run_dir: Path, *, config_fingerprint: str, trainer_step: int | None = None
+    run_dir: Path,
+    *,
+    config_fingerprint: str,
+    trainer_step: int | None = None,
+    broken: list[str] | None = None,
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest snapshot that verifies, belongs to this configuration and (when the trainer has
     checkpoints) is anchored at the newest one; corrupt ones are skipped with a warning naming them
-    (the one before stays authoritative)."""
+    (the one before stays authoritative). ``broken`` collects what is wrong with each skipped one
+    that may hold this configuration's work."""
     for _, path in reversed(list_snapshots(run_dir)):
         try:
             manifest = verify_snapshot(path)
         except SnapshotInvalid as exc:
             log.warning("snapshot_skipped", snapshot=path.name, reason=str(exc))
+            if broken is not None and may_be_this_work(read_manifest(path)[0], config_fingerprint):
+                broken.append(str(exc))
             continue
         reason = skip_reason(manifest, config_fingerprint=config_fingerprint, trainer_step=trainer_step)
         if reason is not None:
@@ -296,7 +310,12 @@ class SnapshotCoordinator:
                     t0 = time.perf_counter()
                     reached.append(step.name)  # type: ignore[arg-type]
                     self.controller.faults.reach(f"save_{step.name.value}")
-                    result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
+                    try:
+                        result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
+                    except OSError as exc:
+                        # Storage (a disk that is full, an I/O error, a failed fsync or rename): the
+                        # snapshot is aborted and the next interval tries again.
+                        raise SnapshotFailure(step.name.value, f"storage: {exc}", transient=True) from exc
                     took = time.perf_counter() - t0
                     self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
                     self.controller.metrics.snapshot_step(step.name.value, took)
@@ -310,6 +329,7 @@ class SnapshotCoordinator:
             except SnapshotFailure as failure:
                 if SaveStep.PUBLISH not in reached[:-1]:
                     await self._abort(state, failure)
+                    self.controller.faults.reach("after_abort")
                 self.controller.gate_open = True
                 self.controller._wake.set()
                 self.metrics.failed += 1
@@ -446,7 +466,10 @@ class SnapshotCoordinator:
         tmp.mkdir(parents=True, exist_ok=True)
         path = tmp / "ledger.msgpack"
         with open(path, "wb") as handle:
-            handle.write(data)
+            handle.write(data[: len(data) // 2])
+            handle.flush()
+            self.controller.faults.reach("capture_write", path=path)
+            handle.write(data[len(data) // 2 :])
             handle.flush()
             os.fsync(handle.fileno())
         state["files"].append(
@@ -510,17 +533,31 @@ class SnapshotCoordinator:
             "files": state["files"],
         }
         manifest_path = tmp / "manifest.json"
+        faults = self.controller.faults
         with open(manifest_path, "w") as handle:
-            json.dump(manifest, handle, indent=1, sort_keys=True)
+            text = json.dumps(manifest, indent=1, sort_keys=True)
+            handle.write(text[: len(text) // 2])
+            handle.flush()
+            faults.reach("publish_write", path=manifest_path)
+            handle.write(text[len(text) // 2 :])
             handle.flush()
             os.fsync(handle.fileno())
         for directory in sorted(
             {(tmp / e["path"]).parent for e in state["files"]} | {tmp}, key=lambda p: -len(p.parts)
         ):
+            faults.reach("publish_fsync", "files", path=directory)
             fsync_dir(directory)
         final = self.run_dir / f"snapshot_{state['seq']}"
+        faults.reach("publish_rename", path=tmp)
         os.rename(tmp, final)
-        fsync_dir(self.run_dir)
+        try:
+            faults.reach("publish_fsync", "parent", path=self.run_dir)
+            fsync_dir(self.run_dir)
+        except OSError:
+            # The rename may not be durable: undo it, so the snapshot is aborted like any failure
+            # before the rename and the previous one stays authoritative.
+            os.rename(final, tmp)
+            raise
         self._last_progress = state["progress"]
         self._prune()
         if self.on_published is not None:
@@ -625,11 +662,23 @@ class SnapshotCoordinator:
             return False
         await self.end_orphaned_checkpoints()
         trainer_step = self.newest_trainer_checkpoint()
+        broken: list[str] = []
         selected = select_snapshot(
-            self.run_dir, config_fingerprint=self.config_fingerprint, trainer_step=trainer_step
+            self.run_dir, config_fingerprint=self.config_fingerprint, trainer_step=trainer_step, broken=broken
         )
         if selected is None and trainer_step is not None:
             return await self._restore_fallback(trainer_step)
+        if selected is None and broken:
+            # Starting afresh would silently drop every rollout those snapshots hold: say what is
+            # wrong and let the user decide (fix the storage, or move them away).
+            log.error("no_valid_snapshot", run_dir=str(self.run_dir), problems=broken)
+            raise NoValidSnapshot(
+                f"no snapshot of run {self.controller.run!r} verifies, so nothing can be restored and "
+                "starting afresh would discard them: "
+                + "; ".join(broken)
+                + f". Check them with `parkway snapshots verify --run {self.controller.run}`; to start "
+                f"the run afresh, move them away from {self.run_dir}"
+            )
         if selected is None:
             return False
         path, manifest = selected

@@ -10,7 +10,9 @@ from __future__ import annotations
 import collections
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import structlog
@@ -103,14 +105,16 @@ class TransferStore:
         """Turn generations repeated for the same logical rollout and turn (work a recovery threw away)."""
         return self.regenerated
 
-    def save(self, directory: Path) -> tuple[FileDigest, ...]:
+    def save(
+        self, directory: Path, write: Callable[[Path, list[Any]], FileDigest] = write_records
+    ) -> tuple[FileDigest, ...]:
         staging = [row for key in sorted(self.staging) for _, row in sorted(self.staging[key].items())]
         canonical = sorted(self.canonical.values(), key=lambda r: r.rollout_id)
         lineage = sorted([k, t, n] for (k, t), n in self.generations.items())
         return (
-            write_records(directory / "staging.msgpack", staging),
-            write_records(directory / "canonical.msgpack", canonical),
-            write_records(directory / "lineage.msgpack", lineage),
+            write(directory / "staging.msgpack", staging),
+            write(directory / "canonical.msgpack", canonical),
+            write(directory / "lineage.msgpack", lineage),
         )
 
     @classmethod
@@ -168,12 +172,12 @@ class TransferQueue(Participant):
         missing = tuple(r for r in message.rollout_ids if r not in self.store.canonical)
         return CanonicalRows(rows=rows, missing=missing)
 
-    def participant_dir(self, location: str) -> Path:
+    def snapshot_parts(self) -> tuple[str, ...]:
         # TQ's rows sit at the snapshot's top level (``tq/``), beside the ledger they are cut with.
-        return super().participant_dir(location).parents[2] / "tq"
+        return ("tq",)
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
-        return self.store.save(directory)
+        return self.store.save(directory, write=self.write_records)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         self.store = TransferStore.load(directory)

@@ -19,8 +19,18 @@ JSON: Final = "application/json"
 _MSGPACK_ALIASES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 _JSON_ALIASES = frozenset({JSON, "text/json"})
 
-# Bodies above this are refused before any parsing (control and data messages are small).
-MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+# Bodies above this are refused before any parsing (control and data messages are small). The same
+# default as RabbitMQ 4's ``max_message_size`` (RabbitMQ 3 allows 128 MiB); actors and clients take
+# another limit from ``PARKWAY_MAX_BODY_BYTES`` (``actors/settings.py``).
+MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+
+
+def check_size(body: bytes, max_bytes: int = MAX_BODY_BYTES) -> None:
+    """Refuse a body over ``max_bytes`` with ``invalid_message``, naming both sizes."""
+    if len(body) > max_bytes:
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE, f"body of {len(body)} bytes exceeds the limit of {max_bytes} bytes"
+        )
 
 
 class _Header(msgspec.Struct):
@@ -54,12 +64,9 @@ def encode(message: Message, content_type: str = MSGPACK) -> bytes:
     return _msgpack_encoder.encode(message)
 
 
-def decode(body: bytes, content_type: str | None = None) -> Message:
+def decode(body: bytes, content_type: str | None = None, *, max_bytes: int = MAX_BODY_BYTES) -> Message:
     """Decode one message or raise ``ProtocolError`` with ``invalid_message``/``unsupported_version``."""
-    if len(body) > MAX_BODY_BYTES:
-        raise ProtocolError(
-            ErrorCode.INVALID_MESSAGE, f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}"
-        )
+    check_size(body, max_bytes)
     kind = content_kind(content_type, body)
     header_decoder, full_decoder = (
         (_json_header, _json_decoder) if kind == JSON else (_msgpack_header, _msgpack_decoder)

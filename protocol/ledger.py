@@ -200,7 +200,7 @@ class Ledger:
 
     def seal(self, rollout: str, attempt: int, *, reward: float, turns: int) -> SealOutcome:
         sibling = self.sibling(rollout)
-        if attempt >= len(sibling.attempts):
+        if not 0 <= attempt < len(sibling.attempts):  # (a negative index would pick the current one)
             raise LedgerError(f"receipt for {rollout} attempt {attempt}, which was never reserved")
         target = sibling.attempts[attempt]
         if target.state is AttemptState.SEALED:
@@ -214,7 +214,7 @@ class Ledger:
 
     def fail(self, rollout: str, attempt: int, *, code: str, turns: int = 0) -> FailurePlan:
         group, sibling = self._siblings[rollout]
-        target = sibling.attempts[attempt] if attempt < len(sibling.attempts) else None
+        target = sibling.attempts[attempt] if 0 <= attempt < len(sibling.attempts) else None
         if target is None or target is not sibling.current or target.state is not AttemptState.DISPATCHED:
             return FailurePlan(stale=True)
         target.move(AttemptEvent.FAIL)

@@ -20,6 +20,9 @@ from parkway.protocol.ids import is_valid_checkpoint_id
 
 # A snapshot location is one path component we chose: ``tmp_<id>`` while written, ``snapshot_<seq>`` after.
 LOCATION_PATTERN = re.compile(r"^(tmp_[A-Za-z0-9][A-Za-z0-9._-]{0,127}|snapshot_[0-9]{1,12})$")
+SNAPSHOT_LOCATION = re.compile(r"^snapshot_[0-9]{1,12}$")
+# Token ids are vocabulary indices: never negative, and below any vocabulary a model has.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
@@ -73,6 +76,22 @@ def _check_location(location: str) -> None:
         raise ValueError(f"location {location!r} does not match {LOCATION_PATTERN.pattern}")
 
 
+def _check_attempt(rollout_id: str, attempt: int, call_index: int = 0) -> None:
+    """The identity of a data message: a named rollout, an attempt and a call index, none negative."""
+    if not rollout_id:
+        raise ValueError("rollout_id is empty")
+    if attempt < 0:
+        raise ValueError(f"attempt {attempt} is negative")
+    if call_index < 0:
+        raise ValueError(f"call_index {call_index} is negative")
+
+
+def _check_tokens(what: str, token_ids: tuple[int, ...]) -> None:
+    for token in token_ids:
+        if not 0 <= token <= MAX_TOKEN_ID:
+            raise ValueError(f"{what} holds {token}, not a token id (0 to {MAX_TOKEN_ID})")
+
+
 # ---------------------------------------------------------------------------------------------
 # Control commands (controller or CLI -> participant). Correlation id = checkpoint id.
 
@@ -114,7 +133,18 @@ class SnapshotCommand(ControlCommand, frozen=True, kw_only=True):
 
 
 class Commit(SnapshotCommand, frozen=True, kw_only=True):
-    """Write the participant's records under ``location`` for exactly ``episodes``."""
+    """Write the participant's records under ``location`` for exactly ``episodes``.
+
+    A commit only ever writes the temporary directory of its own checkpoint, ``tmp_<checkpoint id>``:
+    never a published snapshot, never another checkpoint's files."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.location != f"tmp_{self.checkpoint_id}":
+            raise ValueError(
+                f"location {self.location!r} is not the temporary directory of checkpoint "
+                f"{self.checkpoint_id!r} (tmp_{self.checkpoint_id})"
+            )
 
 
 class Resume(ControlCommand, frozen=True, kw_only=True):
@@ -135,6 +165,11 @@ class Restore(SnapshotCommand, frozen=True, kw_only=True):
     """
 
     epoch: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not SNAPSHOT_LOCATION.fullmatch(self.location):
+            raise ValueError(f"location {self.location!r} is not a published snapshot (snapshot_<seq>)")
 
 
 class Retire(ControlCommand, frozen=True, kw_only=True):
@@ -294,6 +329,9 @@ class Run(Message, frozen=True, kw_only=True):
     task: dict[str, object] = {}
     epoch: int = 0  # the dispatching controller's incarnation (+1 per restore)
 
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt)
+
 
 class Generate(Message, frozen=True, kw_only=True):
     """Agent -> policy: one model call."""
@@ -307,6 +345,13 @@ class Generate(Message, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...] = ()
     policy_version: int = 0  # the version the rollout was dispatched with
 
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt, self.call_index)
+        _check_tokens("token_ids", self.token_ids)
+        _check_tokens("stop_token_ids", self.stop_token_ids)
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens {self.max_tokens} is negative")
+
 
 class Generated(Message, frozen=True, kw_only=True):
     rollout_id: str
@@ -316,6 +361,9 @@ class Generated(Message, frozen=True, kw_only=True):
     logprobs: tuple[float, ...] = ()
     finish_reason: str = "stop"
     policy_version: int = 0
+
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt, self.call_index)
 
 
 class ToolCall(Message, frozen=True, kw_only=True):
@@ -334,6 +382,9 @@ class ToolCall(Message, frozen=True, kw_only=True):
     arguments: dict[str, object] = {}
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt, self.call_index)
+
 
 class ToolResult(Message, frozen=True, kw_only=True):
     rollout_id: str
@@ -342,6 +393,9 @@ class ToolResult(Message, frozen=True, kw_only=True):
     ok: bool
     output: dict[str, object] = {}
     revision: int = 0
+
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt, self.call_index)
 
 
 class StagingRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -367,6 +421,9 @@ class SealRows(Message, frozen=True, kw_only=True):
     reward: float
     # "<capture key>:<turn>" per turn; a continued attempt's first turns come from the attempt before.
     staging_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt)
 
 
 class CanonicalRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -400,6 +457,9 @@ class Completed(Message, frozen=True, kw_only=True):
     turns: int
     staging_keys: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt)
+
 
 class Ack(Message, frozen=True, kw_only=True):
     """Controller -> agent: one batch acknowledging many receipts. Acknowledging twice is a no-op."""
@@ -415,6 +475,9 @@ class Failed(Message, frozen=True, kw_only=True):
     code: str
     detail: str = ""
     turns: int = 0
+
+    def __post_init__(self) -> None:
+        _check_attempt(self.rollout_id, self.attempt)
 
 
 AnyMessage = (

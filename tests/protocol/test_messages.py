@@ -156,8 +156,14 @@ def test_bad_bodies_get_typed_errors(body: bytes, code: ErrorCode, fragment: str
 def test_unknown_content_type_and_oversized_bodies_are_refused() -> None:
     with pytest.raises(ProtocolError, match="content type"):
         codec.decode(b"{}", "text/xml")
-    with pytest.raises(ProtocolError, match="exceeds the limit"):
+    with pytest.raises(ProtocolError, match="exceeds the limit") as caught:
         codec.decode(b" " * (codec.MAX_BODY_BYTES + 1), codec.JSON)
+    assert (
+        caught.value.detail
+        == f"body of {16 * 1024 * 1024 + 1} bytes exceeds the limit of {16 * 1024 * 1024} bytes"
+    )
+    with pytest.raises(ProtocolError, match="body of 1025 bytes exceeds the limit of 1024 bytes"):
+        codec.decode(b" " * 1025, codec.JSON, max_bytes=1024)
 
 
 @pytest.mark.parametrize("value", ["a", "ck-20261129T1000.123-abc", "A.b_c-9", "x" * 128])
@@ -195,6 +201,70 @@ def test_a_weight_update_needs_a_directory_and_a_version(fields: dict, complaint
     body = msgspec.json.encode(
         {"type": "LoadWeights", "v": 1, "checkpoint_id": "w-1", "deadline": 1e10, **fields}
     )
+    with pytest.raises(ProtocolError, match=complaint) as caught:
+        codec.decode(body, codec.JSON)
+    assert caught.value.code is ErrorCode.INVALID_MESSAGE
+
+
+def _body(kind: str, **fields: object) -> bytes:
+    return msgspec.json.encode({"type": kind, "v": 1, **fields})
+
+
+RUN_FIELDS = {"rollout_id": "g_g0", "attempt": 0, "group_id": "g", "env": "counter", "prompt": "p"}
+CALL_FIELDS = {"rollout_id": "g_g0", "attempt": 0, "call_index": 0}
+
+
+@pytest.mark.parametrize(
+    ("body", "complaint"),
+    [
+        # Found by fuzzing the controller: a receipt of attempt -1 sealed the current attempt (a
+        # negative index picks the last one).
+        (
+            _body("Completed", rollout_id="g_g0", attempt=-1, capture_key="g_g0", reward=1, turns=1),
+            "attempt -1",
+        ),
+        (_body("Failed", rollout_id="g_g0", attempt=-2, code="x"), "attempt -2"),
+        (_body("Run", **{**RUN_FIELDS, "attempt": -1}), "attempt -1"),
+        (_body("Run", **{**RUN_FIELDS, "rollout_id": ""}), "rollout_id is empty"),
+        (_body("ToolCall", **{**CALL_FIELDS, "call_index": -1}, env="counter", tool="get"), "call_index -1"),
+        (_body("SealRows", rollout_id="g_g0", attempt=-1, capture_key="g_g0", reward=0), "attempt -1"),
+        # Found by fuzzing the policy: a token id the engine cannot hash was an internal error.
+        (_body("Generate", **CALL_FIELDS, token_ids=[1, -1]), "holds -1, not a token id"),
+        (_body("Generate", **CALL_FIELDS, token_ids=[2**63 - 1]), "not a token id"),
+        (_body("Generate", **CALL_FIELDS, token_ids=[1], stop_token_ids=[-5]), "stop_token_ids holds -5"),
+        (_body("Generate", **CALL_FIELDS, token_ids=[1], max_tokens=-1), "max_tokens -1"),
+    ],
+)
+def test_data_messages_with_impossible_identities_are_refused(body: bytes, complaint: str) -> None:
+    with pytest.raises(ProtocolError, match=complaint) as caught:
+        codec.decode(body, codec.JSON)
+    assert caught.value.code is ErrorCode.INVALID_MESSAGE
+
+
+@pytest.mark.parametrize(
+    ("kind", "checkpoint_id", "location", "complaint"),
+    [
+        # A commit writes its own checkpoint's temporary directory only: never a published snapshot ...
+        ("Commit", "ck-1", "snapshot_1", "not the temporary directory of checkpoint 'ck-1'"),
+        # ... nor another checkpoint's files.
+        ("Commit", "ck-1", "tmp_ck-2", "not the temporary directory"),
+        # A restore reads a published snapshot only.
+        ("Restore", "rs-1", "tmp_ck-1", "not a published snapshot"),
+        # Paths and tricks: refused by the location's pattern before anything looks at the disk.
+        ("Commit", "ck-1", "tmp_ck-1/../../x", "does not match"),
+        ("Restore", "rs-1", "/etc", "does not match"),
+        ("Restore", "rs-1", "snapshot_1\u2215..", "does not match"),  # a unicode division slash
+        ("Restore", "rs-1", "snapshot_\uff11", "does not match"),  # a fullwidth digit
+        ("Commit", "ck-1", "tmp_" + "x" * 129, "does not match"),
+        ("Commit", "..", "tmp_..", "checkpoint"),
+        ("Commit", "ck\u2215..", "tmp_ck\u2215..", "checkpoint"),
+        ("Commit", "x" * 129, "tmp_" + "x" * 129, "checkpoint"),
+    ],
+)
+def test_snapshot_locations_cannot_leave_their_place(
+    kind: str, checkpoint_id: str, location: str, complaint: str
+) -> None:
+    body = _body(kind, checkpoint_id=checkpoint_id, deadline=1e10, location=location)
     with pytest.raises(ProtocolError, match=complaint) as caught:
         codec.decode(body, codec.JSON)
     assert caught.value.code is ErrorCode.INVALID_MESSAGE

@@ -1,0 +1,120 @@
+"""A disk that fills up under a snapshot, with every actor its own process on the real RabbitMQ.
+
+The resources process's commit write fails with ENOSPC at the second snapshot (``PARKWAY_FAULTS``,
+half-way through the file, at the real write call). The controller (``parkway run``) aborts that
+snapshot under its checkpoint id, and is SIGKILLed right after (fault point ``after_abort``). On disk:
+the first snapshot, nothing of the second; every participant logged the Abort of that id; the
+resources process is the same one, alive. A restarted controller restores the first snapshot and the
+run completes with the transcripts of a run that never failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.processes import actor_env, embedded_digest, status_of, wait_ready
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
+
+CONFIG = """
+run: diskfull
+seed: 21
+rollout: {group_size: 3, max_turns: 6}
+tasks: {builtin: bank, limit: 2}
+policy: {host: inline, per_token_delay_s: 0.004}
+topology: {agents: 1, resources: 1}
+recovery: {target_level: turn}
+snapshot_interval_s: 0.3
+prepare_timeout_s: 10
+"""
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    found = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                found.append(json.loads(line))
+    return found
+
+
+async def driver(config: Path, run: str, state: Path, url: str, faults: str = "") -> tuple[int, str, str]:
+    env = actor_env(run, state, PARKWAY_BROKER_URL=url, **({"PARKWAY_FAULTS": faults} if faults else {}))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "parkway.actors.cli",
+            "run",
+            "--config",
+            str(config),
+            "--json",
+            "--log-level",
+            "info",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = await asyncio.to_thread(proc.communicate, timeout=240)
+    return proc.returncode, out, err
+
+
+async def test_a_participant_whose_disk_fills_aborts_the_snapshot_and_the_one_before_stays(
+    spawn, client, amqp_url, run_name, tmp_path
+) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(CONFIG)
+    state = tmp_path / "state"
+    args = ("--config", str(config))
+    actors = {
+        "tq/0": spawn("tq", 0, args=args),
+        "policy/0": spawn("policy", 0, args=args),
+        "resources/0": spawn("resources", 0, args=args, PARKWAY_FAULTS="commit_write:resources=ENOSPC@2"),
+        "agent/0": spawn("agent", 0, args=args),
+    }
+    for actor in actors.values():
+        await wait_ready(client, actor, timeout=60)
+    pids = {address: actor.pid for address, actor in actors.items()}
+
+    code, _, err = await driver(config, run_name, state, amqp_url, faults="after_abort@1")
+    assert code == -signal.SIGKILL, err[-3000:]
+    [aborted] = [e for e in json_lines(err) if e.get("event") == "snapshot_aborted"]
+    cid = aborted["checkpoint_id"]
+    assert aborted["step"] == "commit" and "No space left on device" in aborted["detail"], aborted
+    assert "resources/0" in aborted["detail"] and aborted["transient"] is True
+
+    run_dir = state / "snapshots" / run_name
+    assert sorted(p.name for p in run_dir.iterdir()) == ["snapshot_1"]  # no tmp_<cid>: deleted
+    first = json.loads((run_dir / "snapshot_1" / "manifest.json").read_text())
+    assert first["checkpoint_id"] != cid and first["episodes"], (
+        "the first snapshot must catch rollouts mid-flight"
+    )
+
+    for address, actor in actors.items():  # each heard the Abort under the same id, and lives on
+        lines = json_lines(actor.log_text())
+        assert any(e.get("event") == "aborted" and e.get("checkpoint_id") == cid for e in lines), address
+        assert (await status_of(client, address)).pid == pids[address]
+    failed = [e for e in json_lines(actors["resources/0"].log_text()) if e.get("event") == "commit_failed"]
+    assert [(e["checkpoint_id"], e["errno"]) for e in failed] == [(cid, "ENOSPC")]
+
+    code, out, err = await driver(config, run_name, state, amqp_url)
+    assert code == 0, err[-3000:]
+    started = [e for e in json_lines(err) if e.get("event") == "restore_started"]
+    assert [(e["snapshot"], e["saved_checkpoint"]) for e in started] == [
+        ("snapshot_1", first["checkpoint_id"])
+    ]
+    summary = json.loads(out)
+    assert summary["restores"] == 1 and summary["rollouts_restored"] == len(first["episodes"])
+    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 6 and summary["rollouts_failed"] == 0
+    assert summary["transcripts_sha256"] == await embedded_digest(config, tmp_path / "reference")
