@@ -99,6 +99,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     snapshots_skipped: int
     pause_ms: dict[str, float]  # admission-closed window per snapshot: p50, p95, max
     snapshot_steps_ms: dict[str, float]  # median duration of each save step
+    snapshot_bytes: dict[str, float]  # bytes each snapshot wrote: p50, p95, max
     restores: int
     rollouts_restored: int
     rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
@@ -881,6 +882,7 @@ class Controller(Actor):
             snapshots_skipped=metrics.skipped,
             pause_ms=metrics.pause_summary(),
             snapshot_steps_ms=metrics.phases_summary(),
+            snapshot_bytes=metrics.bytes_summary(),
             restores=self.counts["restores"],
             rollouts_restored=self.counts["rollouts_restored"],
             rollouts_by_agent=by_agent,

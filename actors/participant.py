@@ -66,6 +66,7 @@ class ParkReport:
     parked: int = 0
     boundaries_passed: int = 0
     restarts: tuple[AttemptRef, ...] = ()
+    waited_s: float = 0.0  # time spent waiting for rollouts to reach a boundary
 
 
 class Participant(Actor):
@@ -182,6 +183,7 @@ class Participant(Actor):
             parked=report.parked,
             boundaries_passed=report.boundaries_passed,
             restarts=report.restarts,
+            waited_s=report.waited_s,
         )
 
     async def on_renew(self, command: Renew) -> Message:

@@ -16,6 +16,7 @@ Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mi
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,18 +64,23 @@ class Session:
 class Resources(Participant):
     role = "resources"
 
-    def __init__(self, *args: Any, mode: str = "exported", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, mode: str = "exported", tool_delay_s: float = 0.0, **kwargs: Any) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        if tool_delay_s < 0:
+            raise ValueError("tool_delay_s must be >= 0")
         super().__init__(*args, **kwargs)
         self.mode = mode
+        self.tool_delay_s = tool_delay_s  # simulated duration of each tool call (benchmarks, demos)
         # rollout id -> its newest attempt's session; a retired one stays as a fence until Forget.
         self.sessions: dict[str, Session] = {}
         self.handlers[ToolCall] = self.on_tool_call
 
     # -- the tool call -------------------------------------------------------------------------
     async def on_tool_call(self, call: ToolCall) -> Message:
-        # No await in here: checking the key and applying the call happen in one step of the loop,
+        if self.tool_delay_s and call.tool != RELEASE:
+            await asyncio.sleep(self.tool_delay_s)  # the tool's own work, before anything is checked
+        # No await from here on: checking the key and applying the call happen in one step of the loop,
         # so two deliveries of the same call can never both apply it.
         self.counts["tool_calls"] += 1
         session = self._session_for(call)

@@ -156,6 +156,9 @@ class SnapshotMetrics:
     phases_ms: dict[str, list[float]] = field(default_factory=dict)
     restores: int = 0
     rollouts_restored: int = 0
+    # One entry per published snapshot: pause_ms, rollouts (saved), parked, bytes (written),
+    # park_wait_ms (the longest an agent waited for its rollouts to reach a boundary), steps_ms.
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     def pause_summary(self) -> dict[str, float]:
         return percentiles(self.pause_ms)
@@ -163,6 +166,10 @@ class SnapshotMetrics:
     def phases_summary(self) -> dict[str, float]:
         """The median duration of each save step, in milliseconds."""
         return {step: percentiles(values)["p50"] for step, values in self.phases_ms.items()}
+
+    def bytes_summary(self) -> dict[str, float]:
+        """Bytes each published snapshot wrote (every file and the manifest): p50, p95, max."""
+        return percentiles([float(r["bytes"]) for r in self.records])
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -283,6 +290,9 @@ class SnapshotCoordinator:
             "restarts": set(),
             "parked": 0,
             "boundaries": 0,
+            "park_wait_s": 0.0,
+            "bytes": 0,
+            "steps_ms": {},
         }
         started = time.perf_counter()
         paused_before = (
@@ -297,6 +307,7 @@ class SnapshotCoordinator:
                     self.controller.faults.reach(f"save_{step.name.value}")
                     result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
                     took = time.perf_counter() - t0
+                    state["steps_ms"][step.name.value] = round(took * 1000, 3)
                     self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
                     self.controller.metrics.snapshot_step(step.name.value, took)
                     if result == "skip":
@@ -320,6 +331,16 @@ class SnapshotCoordinator:
                 if window > 0 and self.controller.gate_open:  # a skipped snapshot never closed the gate
                     self.metrics.pause_ms.append(window * 1000)
                     self.controller.metrics.snapshot_pause(window)
+        self.metrics.records.append(
+            {
+                "pause_ms": round(window * 1000, 3),
+                "rollouts": len(state["episodes"]),
+                "parked": state["parked"],
+                "bytes": state["bytes"],
+                "park_wait_ms": round(state["park_wait_s"] * 1000, 3),
+                "steps_ms": state["steps_ms"],
+            }
+        )
         self.metrics.published += 1
         self.controller.metrics.snapshot("published")
         self.metrics.consecutive_failures = 0
@@ -357,6 +378,7 @@ class SnapshotCoordinator:
                 assert isinstance(reply, Prepared)
                 state["parked"] += reply.parked
                 state["boundaries"] += reply.boundaries_passed
+                state["park_wait_s"] = max(state["park_wait_s"], reply.waited_s)
                 state["restarts"].update((r.rollout_id, r.attempt) for r in reply.restarts)
         # Renew the leases once if preparing used more than half of the deadline.
         if state["deadline"] - time.time() < self.config.prepare_timeout_s / 2:
@@ -513,6 +535,7 @@ class SnapshotCoordinator:
             json.dump(manifest, handle, indent=1, sort_keys=True)
             handle.flush()
             os.fsync(handle.fileno())
+            state["bytes"] = handle.tell() + sum(int(e["size"]) for e in state["files"])
         for directory in sorted(
             {(tmp / e["path"]).parent for e in state["files"]} | {tmp}, key=lambda p: -len(p.parts)
         ):

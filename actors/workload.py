@@ -42,7 +42,7 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             "engines": policy.engines,
         }
     if role == "resources":
-        return {"mode": config.resources.mode}
+        return {"mode": config.resources.mode, "tool_delay_s": config.resources.tool_delay_s}
     return {}
 
 

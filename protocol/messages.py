@@ -244,6 +244,7 @@ class Prepared(Message, frozen=True, kw_only=True):
     parked: int = 0
     boundaries_passed: int = 0
     restarts: tuple[AttemptRef, ...] = ()
+    waited_s: float = 0.0  # how long the participant waited for its rollouts to park (tool calls in flight)
 
 
 class Committed(Message, frozen=True, kw_only=True):
