@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import structlog
@@ -63,6 +63,9 @@ class Session:
 
 class Resources(Participant):
     role = "resources"
+    # Tool calls of every rollout of its replicas run concurrently; a low prefetch would queue them here,
+    # and a queued call counts as in flight for a checkpoint (prepare waits for it).
+    prefetch: ClassVar[int] = 1024
 
     def __init__(self, *args: Any, mode: str = "exported", tool_delay_s: float = 0.0, **kwargs: Any) -> None:
         if mode not in MODES:

@@ -71,8 +71,11 @@ class Actor:
         replica: int = 0,
         state_dir: Path | None = None,
         faults: FaultPoints | None = None,
+        prefetch: int | None = None,
     ) -> None:
         validate_name(self.role, "role")
+        if prefetch is not None:
+            self.prefetch = max(prefetch, type(self).prefetch)  # type: ignore[misc]
         self.broker = broker
         self.replica = replica
         self.address = actor_address(self.role, replica)

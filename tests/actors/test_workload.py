@@ -86,3 +86,14 @@ async def test_garbage_from_the_model_fails_the_attempt_not_the_agent(tmp_path: 
 async def test_both_shipped_agents_run(tmp_path: Path, agent: str) -> None:
     summary = await run(tmp_path, agent=agent, tasks={"builtin": "counter", "limit": 2})
     assert summary.rollouts_sealed == 6 and summary.mean_reward == 1.0
+
+
+def test_the_policy_and_resources_hold_every_rollouts_call_and_still_take_control_commands() -> None:
+    # A model call waiting at a closed admission gate holds its delivery; with a prefetch at or below
+    # the rollouts in flight, the checkpoint's own Commit and Resume queued behind those calls (seen at
+    # 1024 rollouts in flight: the commit timed out and the snapshot was aborted).
+    from parkway.actors.workload import CONTROL_HEADROOM, role_options
+
+    config = from_dict({"rollout": {"max_in_flight": 4096}, "policy": {"host": "inline"}})
+    for role in ("policy", "resources"):
+        assert role_options(role, config)["prefetch"] == 4096 + CONTROL_HEADROOM
