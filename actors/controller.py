@@ -31,6 +31,7 @@ from parkway.protocol.ledger import AttemptState, Granularity, Ledger, SealOutco
 from parkway.protocol.messages import (
     Ack,
     AttemptRef,
+    CanonicalRow,
     CanonicalRows,
     Capabilities,
     Completed,
@@ -41,6 +42,7 @@ from parkway.protocol.messages import (
     FetchRows,
     LoadWeights,
     Message,
+    ReleaseRows,
     Retire,
     Run,
     SealRows,
@@ -137,6 +139,7 @@ class Controller(Actor):
         self._faults: dict[tuple[str, int], int] = {}
         self._tasks: list[Task] = []
         self._sealed_rows: dict[str, float] = {}
+        self._sealed_digests: dict[str, str] = {}  # rollout -> sha256 of its trained tokens (TQ drops them)
         self._trainer: Trainer | None = None
         self.snapshots: SnapshotCoordinator | None = None
         self.stage = "starting"  # what the workload is doing, for progress lines
@@ -576,6 +579,7 @@ class Controller(Actor):
             "epoch": self.epoch,
             "train_steps": self.counts["train_steps"],
             "sealed_rows": dict(self._sealed_rows),
+            "sealed_digests": dict(self._sealed_digests),
             "trained_groups": list(self._trained_groups),
             "counts": {k: v for k, v in self.counts.items() if not k.startswith(("error:", "refused:"))},
         }
@@ -590,6 +594,7 @@ class Controller(Actor):
         self.policy_version = int(anchor["policy_version"])  # type: ignore[arg-type]
         self.epoch = int(anchor["epoch"]) + 1  # type: ignore[arg-type]
         self._sealed_rows = dict(anchor["sealed_rows"])  # type: ignore[arg-type]
+        self._sealed_digests = dict(anchor.get("sealed_digests", {}))  # type: ignore[call-overload]
         self._trained_groups = list(anchor.get("trained_groups", []))  # type: ignore[arg-type]
         for key, value in dict(anchor["counts"]).items():  # type: ignore[arg-type]
             self.counts[key] = value
@@ -782,6 +787,7 @@ class Controller(Actor):
                 results.append(GroupResult(group.group_id, group.task_index, reply.rows, failed))
                 for row in reply.rows:
                     self._sealed_rows[row.rollout_id] = row.reward
+                    self._sealed_digests[row.rollout_id] = transcript_digest(row)
             step = trainer.train(results)
             if step.weights_dir is not None:
                 await self._load_weights(step)
@@ -798,6 +804,12 @@ class Controller(Actor):
             for group in batch:
                 self.ledger.remove(group.group_id)
                 self._trained_groups.append(group.group_id)
+            # TQ keeps rows until the trainer consumed them: after this, a snapshot no longer carries
+            # them, so what a snapshot writes stays the rows of unfinished work, however long the run.
+            consumed = tuple(s.rollout_id for group in batch for s in group.siblings)
+            await self.client.call(
+                "tq/0", ReleaseRows(rollout_ids=consumed), correlation_id=f"release:{batch[0].group_id}"
+            )
             every = self._config.trainer.checkpoint_every
             if every and self.counts["train_steps"] % every == 0:
                 await self._checkpoint_trainer(trainer)
@@ -890,14 +902,17 @@ class Controller(Actor):
         )
 
     async def _transcripts_digest(self) -> str:
-        """sha256 over every sealed rollout's token ids, by rollout id and turn (same seeds, same digest)."""
-        rollouts = tuple(sorted(self._sealed_rows))
-        if not rollouts:
-            return hashlib.sha256().hexdigest()
-        reply = await self.client.call("tq/0", FetchRows(rollout_ids=rollouts), correlation_id="fetch:digest")
-        assert isinstance(reply, CanonicalRows)
+        """sha256 over every trained rollout's token ids, by rollout id and turn (same seeds, same
+        digest). Each rollout's part is taken when the trainer receives it: TQ drops rows once trained."""
         h = hashlib.sha256()
-        for row in sorted(reply.rows, key=lambda r: r.rollout_id):
-            for turn in row.turns:
-                h.update(f"{row.rollout_id}/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
+        for rollout in sorted(self._sealed_digests):
+            h.update(f"{rollout}:{self._sealed_digests[rollout]};".encode())
         return h.hexdigest()
+
+
+def transcript_digest(row: CanonicalRow) -> str:
+    """sha256 of one rollout's tokens, turn by turn."""
+    h = hashlib.sha256()
+    for turn in row.turns:
+        h.update(f"{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
+    return h.hexdigest()

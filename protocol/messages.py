@@ -386,6 +386,13 @@ class FetchRows(Message, frozen=True, kw_only=True):
     rollout_ids: tuple[str, ...]
 
 
+class ReleaseRows(Message, frozen=True, kw_only=True):
+    """Trainer (controller) -> TQ: the trainer consumed these rollouts; drop their canonical row and the
+    staging rows of every attempt (a snapshot then carries only rows still to be trained on)."""
+
+    rollout_ids: tuple[str, ...]
+
+
 class CanonicalRows(Message, frozen=True, kw_only=True):
     rows: tuple[CanonicalRow, ...]
     missing: tuple[str, ...] = ()
@@ -450,6 +457,7 @@ AnyMessage = (
     | Rows
     | SealRows
     | FetchRows
+    | ReleaseRows
     | CanonicalRows
     | Completed
     | Ack
