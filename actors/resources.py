@@ -288,11 +288,12 @@ class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _saved_sessions(resources: Resources) -> list[SavedSession]:
+    """The sessions to save, sharing their live state: the caller encodes them before any await."""
     saved = []
     for rollout_id, session in sorted(resources.sessions.items()):
         if session.retired:
             continue
-        exported = session.env.export() if resources.mode == "exported" else None
+        exported = session.env.export(copy_state=False) if resources.mode == "exported" else None
         saved.append(
             SavedSession(
                 rollout_id=rollout_id,
