@@ -193,7 +193,11 @@ class SnapshotCoordinator:
         self.on_published: Callable[[Path], None] | None = None  # a test hook
 
     # -- who -----------------------------------------------------------------------------------------
-    def addresses(self, role: str) -> list[str]:
+    def addresses(self, stage: str) -> list[str]:
+        """A stage's participants: one role's replicas, or several roles asked at once (``resources+tq``)."""
+        return [address for role in stage.split("+") for address in self._replicas(role)]
+
+    def _replicas(self, role: str) -> list[str]:
         count = {
             "tq": 1,
             "policy": 1,
