@@ -218,8 +218,11 @@ class Actor:
         else:
             self.metrics.message(key[1], HANDLED)
         self.faults.reach("after_reply_journaled", key[1])
-        if content is not None:
-            await self._send_reply(envelope, content)
+        try:
+            if content is not None:
+                await self._send_reply(envelope, content)
+        finally:
+            await self.after_reply(message)
         self.faults.reach("after_reply_sent", key[1])
         if failure is not None:
             self.counts["refused:internal"] += 1
@@ -280,6 +283,10 @@ class Actor:
             persistent=False,
         )
         await self.broker.reply(request.reply_to, envelope)
+
+    async def after_reply(self, message: Message) -> None:
+        """Runs once the reply to ``message`` is written (or failed to be): work that must not hold the
+        reply back. Runs even when sending failed."""
 
     # -- handlers every actor has --------------------------------------------------------------
     def phase_name(self) -> str:
