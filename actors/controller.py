@@ -80,6 +80,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     turns_generated: int
     turns_regenerated: int
     model_calls: int
+    tokens_generated: int
     tool_calls: int
     tool_mutations_applied: int
     tool_duplicates_absorbed: int
@@ -919,6 +920,7 @@ class Controller(Actor):
             turns_generated=counts["tq.staging_rows"],
             turns_regenerated=counts["tq.turns_regenerated"],
             model_calls=counts["policy.model_calls"],
+            tokens_generated=counts["policy.tokens_generated"],
             tool_calls=counts["resources.tool_calls"],
             tool_mutations_applied=counts["resources.tool_mutations_applied"],
             tool_duplicates_absorbed=counts["resources.tool_duplicates"],
