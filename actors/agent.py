@@ -186,10 +186,16 @@ class Agent(Participant):
 
     async def wait_until_parked(self) -> ParkReport:
         """Event driven: re-checked whenever a rollout changes state, never polled."""
+        started, waited = time.monotonic(), False
         while True:
             self._park_changed.clear()
             if all(live.state in PARKED_STATES for live in self.live.values()):
-                return ParkReport(parked=len(self.live), boundaries_passed=self.counts["boundaries"])
+                return ParkReport(
+                    parked=len(self.live),
+                    boundaries_passed=self.counts["boundaries"],
+                    waited_s=time.monotonic() - started if waited else 0.0,
+                )
+            waited = True
             await self._park_changed.wait()
 
     async def release(self) -> None:

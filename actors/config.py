@@ -60,6 +60,7 @@ class PolicyConfig(_Section):
 
 class ResourcesConfig(_Section):
     mode: Literal["exported", "stateless", "restart_only"] = "exported"
+    tool_delay_s: float = 0.0  # simulated time each tool call takes (the built-in environments are instant)
 
 
 class RecoveryConfig(_Section):
@@ -193,6 +194,8 @@ def check(config: RunConfig) -> None:
         problems.append("rollout.stall_timeout_s: must be > 0")
     if config.policy.per_token_delay_s < 0:
         problems.append("policy.per_token_delay_s: must be >= 0")
+    if config.resources.tool_delay_s < 0:
+        problems.append("resources.tool_delay_s: must be >= 0")
     if config.snapshot_interval_s <= 0 or config.prepare_timeout_s <= 0:
         problems.append("snapshot_interval_s and prepare_timeout_s: must be > 0")
     if config.policy.engine == "vllm" and not config.policy.model:

@@ -31,6 +31,7 @@ from parkway.protocol.ledger import AttemptState, Granularity, Ledger, SealOutco
 from parkway.protocol.messages import (
     Ack,
     AttemptRef,
+    CanonicalRow,
     CanonicalRows,
     Capabilities,
     Completed,
@@ -41,6 +42,7 @@ from parkway.protocol.messages import (
     FetchRows,
     LoadWeights,
     Message,
+    ReleaseRows,
     Retire,
     Run,
     SealRows,
@@ -56,7 +58,6 @@ log = structlog.get_logger("parkway.controller")
 
 ACK_FLUSH_S = 0.01
 WEIGHTS_TIMEOUT_S = 600.0  # loading a large model's weights from disk takes minutes, not seconds
-FETCH_CHUNK = 64  # rollouts per FetchRows: each reply stays far below the message size limit
 
 
 class SetupError(Exception):
@@ -79,6 +80,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     turns_generated: int
     turns_regenerated: int
     model_calls: int
+    tokens_generated: int
     tool_calls: int
     tool_mutations_applied: int
     tool_duplicates_absorbed: int
@@ -100,6 +102,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     snapshots_skipped: int
     pause_ms: dict[str, float]  # admission-closed window per snapshot: p50, p95, max
     snapshot_steps_ms: dict[str, float]  # median duration of each save step
+    snapshot_bytes: dict[str, float]  # bytes each snapshot wrote: p50, p95, max
     restores: int
     rollouts_restored: int
     rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
@@ -136,7 +139,13 @@ class Controller(Actor):
         self._config: RunConfig | None = None
         self._faults: dict[tuple[str, int], int] = {}
         self._tasks: list[Task] = []
-        self._sealed_rows: dict[str, float] = {}
+        # The ledger holds the groups in play; the tasks after the cursor have not been admitted yet.
+        self._next_task = 0
+        self._first_in_play = 0  # restored from an anchor: the groups before it were all trained
+        # What the trainer received, as sums (a snapshot carries them: they must not grow with the run).
+        self._sealed = 0  # logical rollouts whose final attempt the trainer received
+        self._reward_sum = 0.0
+        self._transcripts = 0  # sum of each trained rollout's token digest, mod 2**256
         self._trainer: Trainer | None = None
         self.snapshots: SnapshotCoordinator | None = None
         self.stage = "starting"  # what the workload is doing, for progress lines
@@ -145,7 +154,7 @@ class Controller(Actor):
         self.fenced_at_restore: list[AttemptRef] = []
         self.restart_only: set[str] = set()  # participants that cannot save a rollout mid-way
         self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
-        self._trained_groups: list[str] = []  # group ids the trainer consumed, in order
+        self._trained_groups: list[str] = []  # group ids the trainer consumed, those still in play
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
 
     # -- the admission gate and the stall clock ----------------------------------------------------
@@ -362,15 +371,13 @@ class Controller(Actor):
         self.stage = "running"
         if not restored:
             self.ledger = Ledger(max_attempts=config.rollout.max_attempts)
-            granularity = Granularity(config.recovery.default_granularity)
-            for index, _ in enumerate(tasks):
-                self.ledger.add_group(f"t{index:04d}", index, config.rollout.group_size, granularity)
+            self._next_task = 0
         log.info(
             "run_started",
             restored=restored,
             epoch=self.epoch,
             rollouts_expected=expected,
-            groups_left=len(self.ledger.groups),
+            groups_left=len(self.ledger.groups) + len(tasks) - self._next_task,
             snapshots=self.snapshots is not None,
         )
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
@@ -382,12 +389,13 @@ class Controller(Actor):
         if self.snapshots is not None:
             background.append(loop.create_task(self._snapshot_loop(config, stop_after_snapshots, crash)))
         try:
-            while self.ledger.groups:
+            while self.ledger.groups or self._next_task < len(tasks):
                 if crash.done():
                     crash.result()
+                self._admit_groups()
                 await self._dispatch_ready()
                 await self._train_ready(trainer)
-                if not self.ledger.groups:
+                if not self.ledger.groups and self._next_task >= len(tasks):
                     break
                 self._wake.clear()
                 waiter = loop.create_task(self._wake.wait())
@@ -518,8 +526,8 @@ class Controller(Actor):
         self.policy_version = int(trainer_state["policy_version"])  # type: ignore[call-overload]
         granularity = Granularity(self._config.recovery.default_granularity)
         trained = set(self._trained_groups)
-        for index, _ in enumerate(self._tasks):
-            group_id = f"t{index:04d}"
+        for index in range(self._first_in_play, self._next_task):  # the groups in play then; later
+            group_id = f"t{index:04d}"  # ones are admitted from the cursor as usual
             if group_id not in trained:
                 self.ledger.add_group(group_id, index, self._config.rollout.group_size, granularity)
         self.counts["fallback_restores"] += 1
@@ -582,12 +590,20 @@ class Controller(Actor):
             await self._retire(pending)  # type: ignore[arg-type]
 
     def anchor(self) -> dict[str, object]:
-        """What the controller saves beside its ledger: the trainer anchor and the run's counters."""
+        """What the controller saves beside its ledger: the trainer anchor, the task cursor and the
+        run's counters; nothing in it grows with the run. ``first_in_play``: every group before it was
+        trained; ``trained_groups`` names the trained ones from there to the cursor."""
+        first = min((g.task_index for g in self.ledger.groups.values()), default=self._next_task)
+        self._trained_groups = [g for g in self._trained_groups if int(g[1:]) >= first]
         return {
             "policy_version": self.policy_version,
             "epoch": self.epoch,
             "train_steps": self.counts["train_steps"],
-            "sealed_rows": dict(self._sealed_rows),
+            "next_task": self._next_task,
+            "first_in_play": first,
+            "sealed": self._sealed,
+            "reward_sum": self._reward_sum,
+            "transcripts": f"{self._transcripts:064x}",
             "trained_groups": list(self._trained_groups),
             "counts": {k: v for k, v in self.counts.items() if not k.startswith(("error:", "refused:"))},
         }
@@ -601,8 +617,17 @@ class Controller(Actor):
         self.ledger = ledger
         self.policy_version = int(anchor["policy_version"])  # type: ignore[arg-type]
         self.epoch = int(anchor["epoch"]) + 1  # type: ignore[arg-type]
-        self._sealed_rows = dict(anchor["sealed_rows"])  # type: ignore[arg-type]
-        self._trained_groups = list(anchor.get("trained_groups", []))  # type: ignore[arg-type]
+        if "sealed_rows" in anchor:  # a snapshot from before the sums: every trained rollout listed
+            rewards = dict(anchor["sealed_rows"]).values()  # type: ignore[call-overload]
+            self._sealed, self._reward_sum, self._transcripts = len(rewards), float(sum(rewards)), 0
+        else:
+            self._sealed = int(anchor["sealed"])  # type: ignore[call-overload]
+            self._reward_sum = float(anchor["reward_sum"])  # type: ignore[arg-type]
+            self._transcripts = int(str(anchor["transcripts"]), 16)
+        # Before the cursor every task was admitted at the start: all of them are in that ledger.
+        self._next_task = int(anchor.get("next_task", len(self._tasks)))  # type: ignore[call-overload]
+        self._first_in_play = int(anchor.get("first_in_play", 0))  # type: ignore[call-overload]
+        self._trained_groups = list(anchor.get("trained_groups", []))  # type: ignore[call-overload]
         for key, value in dict(anchor["counts"]).items():  # type: ignore[arg-type]
             self.counts[key] = value
         if isinstance(self._trainer, ExampleTrainer):
@@ -698,6 +723,25 @@ class Controller(Actor):
             *(actor_address("agent", i) for i in range(config.topology.agents)),
         ]
 
+    def _admit_groups(self) -> None:
+        """Bring groups into the ledger from the task cursor, as many as the free dispatch slots take.
+        The ledger (and every snapshot of it) holds the groups in play, not the whole dataset: with
+        every task admitted at the start, each snapshot encoded and walked all of them (10,000 prompts:
+        7 MB and about 130 ms per snapshot, and the dispatch loop walked them on every wake-up)."""
+        assert self._config is not None
+        if not self.gate_open:  # nothing changes in the ledger while a snapshot is cut
+            return
+        config = self._config
+        size = config.rollout.group_size
+        want = config.rollout.max_in_flight - self.ledger.in_flight()
+        waiting = len(self.ledger.reserved())
+        granularity = Granularity(config.recovery.default_granularity)
+        while self._next_task < len(self._tasks) and waiting < want:
+            index = self._next_task
+            self.ledger.add_group(f"t{index:04d}", index, size, granularity)
+            self._next_task += 1
+            waiting += size
+
     async def _dispatch_ready(self) -> None:
         assert self._config is not None
         config = self._config
@@ -774,47 +818,60 @@ class Controller(Actor):
         batch_size = self._config.trainer.batch_groups
         while True:
             ready = self.ledger.ready_groups()
-            everything_settled = len(ready) == len(self.ledger.groups)
+            admitted = self._next_task >= len(self._tasks)
+            everything_settled = admitted and len(ready) == len(self.ledger.groups)
             if not ready or (len(ready) < batch_size and not everything_settled):
                 return
             batch = ready[:batch_size]
-            results = []
-            for group in batch:
-                self.ledger.finalize(group.group_id)
-                sealed = [s.rollout_id for s in group.siblings if not s.given_up]
-                reply = await self.client.call(
-                    "tq/0", FetchRows(rollout_ids=tuple(sealed)), correlation_id=f"fetch:{group.group_id}"
-                )
-                assert isinstance(reply, CanonicalRows)
-                if reply.missing:
-                    raise RuntimeError(
-                        f"TQ lacks canonical rows of sealed rollouts: {', '.join(reply.missing)}"
-                    )
-                failed = tuple(s.rollout_id for s in group.siblings if s.given_up)
-                results.append(GroupResult(group.group_id, group.task_index, reply.rows, failed))
-                for row in reply.rows:
-                    self._sealed_rows[row.rollout_id] = row.reward
-            step = trainer.train(results)
-            if step.weights_dir is not None:
-                await self._load_weights(step)
-            self.policy_version = step.policy_version
-            self.counts["train_steps"] += 1
-            log.info(
-                "trained",
-                step=step.step,
-                groups=step.groups,
-                samples=step.samples,
-                mean_reward=round(step.mean_reward, 4),
-                policy_version=step.policy_version,
-            )
-            for group in batch:
-                self.ledger.remove(group.group_id)
-                self._trained_groups.append(group.group_id)
+            # A snapshot never sees a group between finalize and remove: no lock, and one cut while a
+            # group was finalizing would restore it finalizing, where nothing ever takes it again.
+            async with self._snapshot_lock:
+                await self._train_batch(trainer, batch)
             every = self._config.trainer.checkpoint_every
             if every and self.counts["train_steps"] % every == 0:
                 await self._checkpoint_trainer(trainer)
 
-    async def _load_weights(self, step: TrainStep) -> None:
+    async def _train_batch(self, trainer: Trainer, batch: list[Any]) -> None:
+        results = []
+        for group in batch:
+            self.ledger.finalize(group.group_id)
+            sealed = [s.rollout_id for s in group.siblings if not s.given_up]
+            reply = await self.client.call(
+                "tq/0", FetchRows(rollout_ids=tuple(sealed)), correlation_id=f"fetch:{group.group_id}"
+            )
+            assert isinstance(reply, CanonicalRows)
+            if reply.missing:
+                raise RuntimeError(f"TQ lacks canonical rows of sealed rollouts: {', '.join(reply.missing)}")
+            failed = tuple(s.rollout_id for s in group.siblings if s.given_up)
+            results.append(GroupResult(group.group_id, group.task_index, reply.rows, failed))
+            for row in reply.rows:
+                self._sealed += 1
+                self._reward_sum += row.reward
+                self._transcripts = (self._transcripts + transcript_digest(row)) % 2**256
+        step = trainer.train(results)
+        if step.weights_dir is not None:
+            await self._load_weights(step, locked=True)
+        self.policy_version = step.policy_version
+        self.counts["train_steps"] += 1
+        log.info(
+            "trained",
+            step=step.step,
+            groups=step.groups,
+            samples=step.samples,
+            mean_reward=round(step.mean_reward, 4),
+            policy_version=step.policy_version,
+        )
+        for group in batch:
+            self.ledger.remove(group.group_id)
+            self._trained_groups.append(group.group_id)
+        # TQ keeps rows until the trainer consumed them: after this, a snapshot no longer carries
+        # them, so what a snapshot writes stays the rows of unfinished work, however long the run.
+        consumed = tuple(s.rollout_id for group in batch for s in group.siblings)
+        await self.client.call(
+            "tq/0", ReleaseRows(rollout_ids=consumed), correlation_id=f"release:{batch[0].group_id}"
+        )
+
+    async def _load_weights(self, step: TrainStep, *, locked: bool = False) -> None:
         """The policy loads the step's weights before any rollout is dispatched with its version. Not
         during a snapshot: the policy's record of its weights must be the ones its rollouts used."""
         assert step.weights_dir is not None
@@ -824,8 +881,11 @@ class Controller(Actor):
             directory=step.weights_dir,
             policy_version=step.policy_version,
         )
-        async with self._snapshot_lock:
+        if locked:  # the caller holds the snapshot lock
             reply = await self.client.call("policy/0", command)
+        else:
+            async with self._snapshot_lock:
+                reply = await self.client.call("policy/0", command)
         assert isinstance(reply, WeightsLoaded)
         self.counts["weight_updates"] += 1
 
@@ -864,8 +924,7 @@ class Controller(Actor):
                 by_resources[address] = reply.counts.get("tool_calls", 0)
         digest = await self._transcripts_digest()
         metrics = self.snapshots.metrics if self.snapshots is not None else SnapshotMetrics()
-        sealed = len(self._sealed_rows)  # logical rollouts whose final attempt the trainer received
-        rewards = list(self._sealed_rows.values())
+        sealed = self._sealed
         return RunSummary(
             rollouts_expected=expected,
             rollouts_sealed=sealed,
@@ -878,6 +937,7 @@ class Controller(Actor):
             turns_generated=counts["tq.staging_rows"],
             turns_regenerated=counts["tq.turns_regenerated"],
             model_calls=counts["policy.model_calls"],
+            tokens_generated=counts["policy.tokens_generated"],
             tool_calls=counts["resources.tool_calls"],
             tool_mutations_applied=counts["resources.tool_mutations_applied"],
             tool_duplicates_absorbed=counts["resources.tool_duplicates"],
@@ -889,7 +949,7 @@ class Controller(Actor):
             ack_batches=self.counts["ack_batches"],
             train_steps=self.counts["train_steps"],
             policy_version=self.policy_version,
-            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            mean_reward=self._reward_sum / sealed if sealed else 0.0,
             wall_s=round(wall, 3),
             rollouts_per_s=round(sealed / wall, 3) if wall else 0.0,
             model_calls_per_s=round(counts["policy.model_calls"] / wall, 3) if wall else 0.0,
@@ -899,6 +959,7 @@ class Controller(Actor):
             snapshots_skipped=metrics.skipped,
             pause_ms=metrics.pause_summary(),
             snapshot_steps_ms=metrics.phases_summary(),
+            snapshot_bytes=metrics.bytes_summary(),
             restores=self.counts["restores"],
             rollouts_restored=self.counts["rollouts_restored"],
             rollouts_by_agent=by_agent,
@@ -906,20 +967,14 @@ class Controller(Actor):
         )
 
     async def _transcripts_digest(self) -> str:
-        """sha256 over every sealed rollout's token ids, by rollout id and turn (same seeds, same digest)."""
-        rollouts = tuple(sorted(self._sealed_rows))
-        if not rollouts:
-            return hashlib.sha256().hexdigest()
-        rows = []
-        for start in range(0, len(rollouts), FETCH_CHUNK):  # a bounded reply each (the body size limit)
-            chunk = rollouts[start : start + FETCH_CHUNK]
-            reply = await self.client.call(
-                "tq/0", FetchRows(rollout_ids=chunk), correlation_id=f"fetch:digest:{start}"
-            )
-            assert isinstance(reply, CanonicalRows)
-            rows.extend(reply.rows)
-        h = hashlib.sha256()
-        for row in sorted(rows, key=lambda r: r.rollout_id):
-            for turn in row.turns:
-                h.update(f"{row.rollout_id}/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
-        return h.hexdigest()
+        """One digest of every trained rollout's token ids (same seeds, same digest): each rollout's
+        digest is added when the trainer receives it (TQ then drops its rows), in any order."""
+        return hashlib.sha256(f"{self._sealed}:{self._transcripts:064x}".encode()).hexdigest()
+
+
+def transcript_digest(row: CanonicalRow) -> int:
+    """A rollout's id and tokens, turn by turn, as a 256-bit number."""
+    h = hashlib.sha256(row.rollout_id.encode())
+    for turn in row.turns:
+        h.update(f"/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
+    return int.from_bytes(h.digest(), "big")

@@ -87,8 +87,14 @@ class Environment:
         return 1.0 if replay.state == self.state else 0.0
 
     # -- persistence ---------------------------------------------------------------------------
-    def export(self) -> dict[str, Any]:
-        return {"env": self.name, "seed": self.seed, "state": copy.deepcopy(self.state)}
+    def export(self, *, copy_state: bool = True) -> dict[str, Any]:
+        """The state as plain data. ``copy_state=False`` shares the live state: for a caller that
+        encodes it at once, with no await in between (a snapshot of hundreds of sessions)."""
+        return {
+            "env": self.name,
+            "seed": self.seed,
+            "state": copy.deepcopy(self.state) if copy_state else self.state,
+        }
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> Environment:

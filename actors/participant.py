@@ -69,6 +69,7 @@ class ParkReport:
     parked: int = 0
     boundaries_passed: int = 0
     restarts: tuple[AttemptRef, ...] = ()
+    waited_s: float = 0.0  # time spent waiting for rollouts to reach a boundary
 
 
 class Participant(Actor):
@@ -87,6 +88,7 @@ class Participant(Actor):
         self.retired: set[tuple[str, int]] = set()
         self._ended: dict[str, asyncio.Event] = {}
         self._lease_changed = asyncio.Event()
+        self._release_pending: set[str] = set()  # resumed ids whose release waits for the reply
         self._lease_task: asyncio.Task[None] | None = None
         self._phase_since = time.monotonic()  # when the current phase began, for parkway_phase_seconds
         self.metrics.timed_phases()
@@ -189,6 +191,7 @@ class Participant(Actor):
             parked=report.parked,
             boundaries_passed=report.boundaries_passed,
             restarts=report.restarts,
+            waited_s=report.waited_s,
         )
 
     async def on_renew(self, command: Renew) -> Message:
@@ -217,9 +220,19 @@ class Participant(Actor):
         # A resume needs no deadline check: releasing is always safe and always wanted.
         transition = self._apply(Event.RESUME, command.checkpoint_id, None)
         if transition.outcome is Outcome.MOVED:
-            await self._end(command.checkpoint_id)
+            # The release itself waits until the reply is written (``after_reply``): releasing first
+            # wakes every parked rollout (agents) or held call (policy), and their next steps would run
+            # before the reply, holding the controller's admission gate closed while they do.
+            await self._end(command.checkpoint_id, release=False)
+            self._release_pending.add(command.checkpoint_id)
             return Ok(detail="resumed")
         return Ok(detail=f"{command.checkpoint_id} had already ended")
+
+    async def after_reply(self, message: Message) -> None:
+        if isinstance(message, Resume) and message.checkpoint_id in self._release_pending:
+            self._release_pending.discard(message.checkpoint_id)
+            if self.phases.phase is Phase.IDLE:  # not when the next checkpoint already began preparing
+                await self.release()
 
     async def on_abort(self, command: Abort) -> Message:
         transition = self._apply(Event.ABORT, command.checkpoint_id, None)
@@ -305,12 +318,13 @@ class Participant(Actor):
         self.metrics.phase_left(transition.before.value, now - self._phase_since)
         self._phase_since = now
 
-    async def _end(self, checkpoint_id: str) -> None:
+    async def _end(self, checkpoint_id: str, *, release: bool = True) -> None:
         self._ended.setdefault(checkpoint_id, asyncio.Event()).set()
         # An ended id answers Prepare/Commit/Restore with stale_checkpoint from now on, not with the
         # reply it got while alive; re-sent Resume and Abort keep their cached answers.
         self.replies.evict(checkpoint_id, keep=frozenset({"Resume", "Abort"}))
-        await self.release()
+        if release:
+            await self.release()
         # Keep the end events of recent ids only; the phase machine's fence is the lasting record.
         while len(self._ended) > 64:
             self._ended.pop(next(iter(self._ended)))

@@ -63,8 +63,9 @@ class ReplyCache:
         doomed = [k for k in self._entries if k[0] == correlation_id and k[1] not in keep]
         for key in doomed:
             del self._entries[key]
-            if self._journal is not None:
-                self._append(_Record(*key, b""))  # a tombstone, so a restart does not revive it
+        if doomed and self._journal is not None:
+            # Tombstones, so a restart does not revive them: one write and one fsync for all of them.
+            self._append(*(_Record(*key, b"") for key in doomed))
         return len(doomed)
 
     def _store(self, key: ReplyKey, content: bytes, *, durable: bool) -> None:
@@ -103,14 +104,17 @@ class ReplyCache:
             self._entries.popitem(last=False)
         self._rewrite(path)
 
-    def _append(self, record: _Record) -> None:
+    def _append(self, *records: _Record) -> None:
         assert self._journal is not None
-        payload = self._encoder.encode(record)
+        data = b""
+        for record in records:
+            payload = self._encoder.encode(record)
+            data += len(payload).to_bytes(4, "big") + payload
         with open(self._journal, "ab") as handle:
-            handle.write(len(payload).to_bytes(4, "big") + payload)
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        self._journal_records += 1
+        self._journal_records += len(records)
         if self._journal_records > 2 * self.capacity:
             self._rewrite(self._journal)
 

@@ -16,9 +16,10 @@ Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mi
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import structlog
@@ -62,19 +63,27 @@ class Session:
 
 class Resources(Participant):
     role = "resources"
+    # Tool calls of every rollout of its replicas run concurrently; a low prefetch would queue them here,
+    # and a queued call counts as in flight for a checkpoint (prepare waits for it).
+    prefetch: ClassVar[int] = 1024
 
-    def __init__(self, *args: Any, mode: str = "exported", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, mode: str = "exported", tool_delay_s: float = 0.0, **kwargs: Any) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        if tool_delay_s < 0:
+            raise ValueError("tool_delay_s must be >= 0")
         super().__init__(*args, **kwargs)
         self.mode = mode
+        self.tool_delay_s = tool_delay_s  # simulated duration of each tool call (benchmarks, demos)
         # rollout id -> its newest attempt's session; a retired one stays as a fence until Forget.
         self.sessions: dict[str, Session] = {}
         self.handlers[ToolCall] = self.on_tool_call
 
     # -- the tool call -------------------------------------------------------------------------
     async def on_tool_call(self, call: ToolCall) -> Message:
-        # No await in here: checking the key and applying the call happen in one step of the loop,
+        if self.tool_delay_s and call.tool != RELEASE:
+            await asyncio.sleep(self.tool_delay_s)  # the tool's own work, before anything is checked
+        # No await from here on: checking the key and applying the call happen in one step of the loop,
         # so two deliveries of the same call can never both apply it.
         self.counts["tool_calls"] += 1
         session = self._session_for(call)
@@ -279,11 +288,12 @@ class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _saved_sessions(resources: Resources) -> list[SavedSession]:
+    """The sessions to save, sharing their live state: the caller encodes them before any await."""
     saved = []
     for rollout_id, session in sorted(resources.sessions.items()):
         if session.retired:
             continue
-        exported = session.env.export() if resources.mode == "exported" else None
+        exported = session.env.export(copy_state=False) if resources.mode == "exported" else None
         saved.append(
             SavedSession(
                 rollout_id=rollout_id,

@@ -72,8 +72,11 @@ class Actor:
         replica: int = 0,
         state_dir: Path | None = None,
         faults: FaultPoints | None = None,
+        prefetch: int | None = None,
     ) -> None:
         validate_name(self.role, "role")
+        if prefetch is not None:
+            self.prefetch = max(prefetch, type(self).prefetch)  # type: ignore[misc]
         self.broker = broker
         self.replica = replica
         self.address = actor_address(self.role, replica)
@@ -216,8 +219,11 @@ class Actor:
         else:
             self.metrics.message(key[1], HANDLED)
         self.faults.reach("after_reply_journaled", key[1])
-        if content is not None:
-            await self._send_reply(envelope, content)
+        try:
+            if content is not None:
+                await self._send_reply(envelope, content)
+        finally:
+            await self.after_reply(message)
         self.faults.reach("after_reply_sent", key[1])
         if failure is not None:
             self.counts["refused:internal"] += 1
@@ -289,6 +295,10 @@ class Actor:
                 persistent=False,
             )
         await self.broker.reply(request.reply_to, envelope)
+
+    async def after_reply(self, message: Message) -> None:
+        """Runs once the reply to ``message`` is written (or failed to be): work that must not hold the
+        reply back. Runs even when sending failed."""
 
     # -- handlers every actor has --------------------------------------------------------------
     def phase_name(self) -> str:

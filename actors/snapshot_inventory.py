@@ -437,13 +437,36 @@ def _decode(directory: Path, relative: str, kind: Any) -> Any:
         raise Undecodable(relative, str(exc)) from None
 
 
-def missing_staging_keys(directory: Path, *, only: set[str] | None = None) -> dict[str, list[str]]:
+class _StagingKey(msgspec.Struct, frozen=True):
+    """A staging row read for its key alone (tokens and logprobs are skipped, never built)."""
+
+    capture_key: str
+    turn: int
+
+
+class _ModelStepKey(msgspec.Struct, frozen=True):
+    staging_key: str
+
+
+class _RolloutKeys(msgspec.Struct, frozen=True):
+    """A saved rollout read for the staging keys of its turns alone."""
+
+    model: tuple[_ModelStepKey, ...]
+
+
+def missing_staging_keys(
+    directory: Path, *, only: set[str] | None = None, strict: bool = True
+) -> dict[str, list[str]]:
     """Per agent rollouts file: the staging keys its saved turns reference that TQ's capture lacks.
-    ``only``: the files to look at (all by default). Raises ``Undecodable``."""
+    ``only``: the files to look at (all by default). ``strict``: decode the records whole, as their
+    types (``snapshots verify``); otherwise read the keys alone, which is what a save's validation
+    needs of files whose digests it has just checked. Raises ``Undecodable``."""
     from parkway.actors.transcript import SavedRollout
     from parkway.protocol.messages import StagingRow
 
-    captured = {f"{r.capture_key}:{r.turn}" for r in _decode(directory, STAGING_FILE, list[StagingRow])}
+    staging_type: Any = list[StagingRow] if strict else list[_StagingKey]
+    rollouts_type: Any = list[SavedRollout] if strict else list[_RolloutKeys]
+    captured = {f"{r.capture_key}:{r.turn}" for r in _decode(directory, STAGING_FILE, staging_type)}
     missing: dict[str, list[str]] = {}
     for rollouts in sorted((directory / "participants" / "agent").glob("*/rollouts.msgpack")):
         relative = rollouts.relative_to(directory).as_posix()
@@ -451,7 +474,7 @@ def missing_staging_keys(directory: Path, *, only: set[str] | None = None) -> di
             continue
         keys = [
             step.staging_key
-            for saved in _decode(directory, relative, list[SavedRollout])
+            for saved in _decode(directory, relative, rollouts_type)
             for step in saved.model
             if step.staging_key not in captured
         ]

@@ -170,6 +170,9 @@ class SnapshotMetrics:
     phases_ms: dict[str, list[float]] = field(default_factory=dict)
     restores: int = 0
     rollouts_restored: int = 0
+    # One entry per published snapshot: pause_ms, rollouts (saved), parked, bytes (written),
+    # park_wait_ms (the longest an agent waited for its rollouts to reach a boundary), steps_ms.
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     def pause_summary(self) -> dict[str, float]:
         return percentiles(self.pause_ms)
@@ -177,6 +180,10 @@ class SnapshotMetrics:
     def phases_summary(self) -> dict[str, float]:
         """The median duration of each save step, in milliseconds."""
         return {step: percentiles(values)["p50"] for step, values in self.phases_ms.items()}
+
+    def bytes_summary(self) -> dict[str, float]:
+        """Bytes each published snapshot wrote (every file and the manifest): p50, p95, max."""
+        return percentiles([float(r["bytes"]) for r in self.records])
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -200,7 +207,11 @@ class SnapshotCoordinator:
         self.on_published: Callable[[Path], None] | None = None  # a test hook
 
     # -- who -----------------------------------------------------------------------------------------
-    def addresses(self, role: str) -> list[str]:
+    def addresses(self, stage: str) -> list[str]:
+        """A stage's participants: one role's replicas, or several roles asked at once (``resources+tq``)."""
+        return [address for role in stage.split("+") for address in self._replicas(role)]
+
+    def _replicas(self, role: str) -> list[str]:
         count = {
             "tq": 1,
             "policy": 1,
@@ -298,6 +309,9 @@ class SnapshotCoordinator:
             "restarts": set(),
             "parked": 0,
             "boundaries": 0,
+            "park_wait_s": 0.0,
+            "bytes": 0,
+            "steps_ms": {},
         }
         started = time.perf_counter()
         paused_before = (
@@ -317,6 +331,7 @@ class SnapshotCoordinator:
                         # snapshot is aborted and the next interval tries again.
                         raise SnapshotFailure(step.name.value, f"storage: {exc}", transient=True) from exc
                     took = time.perf_counter() - t0
+                    state["steps_ms"][step.name.value] = round(took * 1000, 3)
                     self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
                     self.controller.metrics.snapshot_step(step.name.value, took)
                     if result == "skip":
@@ -341,6 +356,16 @@ class SnapshotCoordinator:
                 if window > 0 and self.controller.gate_open:  # a skipped snapshot never closed the gate
                     self.metrics.pause_ms.append(window * 1000)
                     self.controller.metrics.snapshot_pause(window)
+        self.metrics.records.append(
+            {
+                "pause_ms": round(window * 1000, 3),
+                "rollouts": len(state["episodes"]),
+                "parked": state["parked"],
+                "bytes": state["bytes"],
+                "park_wait_ms": round(state["park_wait_s"] * 1000, 3),
+                "steps_ms": state["steps_ms"],
+            }
+        )
         self.metrics.published += 1
         self.controller.metrics.snapshot("published")
         self.metrics.consecutive_failures = 0
@@ -378,6 +403,7 @@ class SnapshotCoordinator:
                 assert isinstance(reply, Prepared)
                 state["parked"] += reply.parked
                 state["boundaries"] += reply.boundaries_passed
+                state["park_wait_s"] = max(state["park_wait_s"], reply.waited_s)
                 state["restarts"].update((r.rollout_id, r.attempt) for r in reply.restarts)
         # Renew the leases once if preparing used more than half of the deadline.
         if state["deadline"] - time.time() < self.config.prepare_timeout_s / 2:
@@ -508,7 +534,7 @@ class SnapshotCoordinator:
 
     def _check_staging_keys(self, tmp: Path) -> None:
         """Every turn an agent saved references a staging row that TQ captured."""
-        missing = [key for keys in missing_staging_keys(tmp).values() for key in keys]
+        missing = [key for keys in missing_staging_keys(tmp, strict=False).values() for key in keys]
         if missing:
             raise SnapshotFailure(
                 "validate", f"staging rows not in TQ's capture: {', '.join(missing[:20])}", transient=False
@@ -542,6 +568,7 @@ class SnapshotCoordinator:
             handle.write(text[len(text) // 2 :])
             handle.flush()
             os.fsync(handle.fileno())
+            state["bytes"] = handle.tell() + sum(int(e["size"]) for e in state["files"])
         for directory in sorted(
             {(tmp / e["path"]).parent for e in state["files"]} | {tmp}, key=lambda p: -len(p.parts)
         ):

@@ -27,6 +27,7 @@ from parkway.protocol.messages import (
     FileDigest,
     Message,
     Ok,
+    ReleaseRows,
     Restore,
     Rows,
     SealRows,
@@ -50,6 +51,7 @@ class TransferStore:
         self.staging: dict[str, dict[int, StagingRow]] = {}  # capture key -> turn -> row
         self.canonical: dict[str, CanonicalRow] = {}
         self.generations: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.keys: dict[str, set[str]] = {}  # logical rollout id -> capture keys of its staging rows
         self.duplicates = 0
         self.regenerated = 0
 
@@ -60,7 +62,9 @@ class TransferStore:
             self.duplicates += 1
             return False
         turns[row.turn] = row
-        lineage = (logical_id(row.capture_key), row.turn)
+        logical = logical_id(row.capture_key)
+        self.keys.setdefault(logical, set()).add(row.capture_key)
+        lineage = (logical, row.turn)
         self.generations[lineage] += 1
         if self.generations[lineage] > 1:
             self.regenerated += 1
@@ -100,6 +104,21 @@ class TransferStore:
         key, _, turn = staging_key.rpartition(":")
         return turn.isdigit() and int(turn) in self.staging.get(key, {})
 
+    def release(self, rollout_ids: tuple[str, ...]) -> int:
+        """Drop what the trainer consumed: each rollout's canonical row and the staging rows of all its
+        attempts; lineage keeps only the turns generated more than once (``turns_regenerated`` stays
+        exact). Without this every snapshot would write every row of the run so far. Returns the
+        staging rows dropped."""
+        dropped = 0
+        for rollout_id in rollout_ids:
+            self.canonical.pop(rollout_id, None)
+            for key in self.keys.pop(rollout_id, ()):
+                for turn in self.staging.pop(key, {}):
+                    dropped += 1
+                    if self.generations.get((rollout_id, turn), 0) <= 1:
+                        self.generations.pop((rollout_id, turn), None)
+        return dropped
+
     @property
     def turns_regenerated(self) -> int:
         """Turn generations repeated for the same logical rollout and turn (work a recovery threw away)."""
@@ -129,6 +148,7 @@ class TransferStore:
         )
         for row in staging:
             store.staging.setdefault(row.capture_key, {})[row.turn] = row
+            store.keys.setdefault(logical_id(row.capture_key), set()).add(row.capture_key)
         store.canonical = {r.rollout_id: r for r in canonical}
         store.generations = collections.Counter({(k, t): n for k, t, n in lineage})
         store.regenerated = sum(n - 1 for n in store.generations.values() if n > 1)
@@ -150,7 +170,14 @@ class TransferQueue(Participant):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.store = TransferStore()
-        self.handlers.update({Rows: self.on_rows, SealRows: self.on_seal_rows, FetchRows: self.on_fetch_rows})
+        self.handlers.update(
+            {
+                Rows: self.on_rows,
+                SealRows: self.on_seal_rows,
+                FetchRows: self.on_fetch_rows,
+                ReleaseRows: self.on_release_rows,
+            }
+        )
 
     async def on_rows(self, message: Rows) -> None:
         for row in message.rows:
@@ -171,6 +198,12 @@ class TransferQueue(Participant):
         rows = tuple(self.store.canonical[r] for r in message.rollout_ids if r in self.store.canonical)
         missing = tuple(r for r in message.rollout_ids if r not in self.store.canonical)
         return CanonicalRows(rows=rows, missing=missing)
+
+    async def on_release_rows(self, message: ReleaseRows) -> Message:
+        dropped = self.store.release(message.rollout_ids)
+        self.counts["rows_released"] += dropped
+        self.counts["canonical_rows"] = len(self.store.canonical)
+        return Ok(detail=f"released {dropped} staging rows of {len(message.rollout_ids)} rollouts")
 
     def snapshot_parts(self) -> tuple[str, ...]:
         # TQ's rows sit at the snapshot's top level (``tq/``), beside the ledger they are cut with.

@@ -40,10 +40,26 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             "engine": EngineSpec(kind=policy.engine, kwargs=kwargs),
             "engine_host": policy.host,
             "engines": policy.engines,
+            "prefetch": data_prefetch(config),
         }
     if role == "resources":
-        return {"mode": config.resources.mode}
+        return {
+            "mode": config.resources.mode,
+            "tool_delay_s": config.resources.tool_delay_s,
+            "prefetch": data_prefetch(config),
+        }
     return {}
+
+
+CONTROL_HEADROOM = 64  # deliveries left for control commands beside every rollout's call in flight
+
+
+def data_prefetch(config: RunConfig) -> int:
+    """Prefetch of the policy and the resources. Each rollout has at most one model call and one tool
+    call in flight, and a model call waits at a closed admission gate holding its delivery; were the
+    prefetch not above every rollout's call, a checkpoint's own Commit and Resume would queue behind the
+    calls that wait for them (seen at 1024 rollouts in flight: the commit timed out)."""
+    return config.rollout.max_in_flight + CONTROL_HEADROOM
 
 
 def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root: Path) -> list[Actor]:

@@ -1,86 +1,241 @@
-"""Shared by the benchmarks: run one configuration embedded, or as separate processes on RabbitMQ."""
+"""Shared by the benchmarks: start one configuration's cluster, embedded or over RabbitMQ, with the
+controller in this process, so a benchmark can drive it (snapshots on its own schedule, a crash at a
+chosen moment) and read the controller's own measurements.
+
+Modes:
+
+- ``embedded``: every actor in this process on the in-memory broker (``parkway up``);
+- ``rabbitmq``: every actor its own OS process (``parkway actor``) on the local RabbitMQ, the controller
+  in this process, exactly as ``parkway run --broker`` runs it.
+
+Logs: the benchmark's own process logs at ``warning`` (an info line per turn, rendered for a terminal,
+would be measured as framework cost); actor processes log at ``--actor-log-level`` (default warning).
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from parkway.actors.config import from_dict
-from parkway.actors.controller import RunSummary
-from parkway.actors.tasks import load_tasks
+from parkway.actors.config import RunConfig, from_dict
+from parkway.actors.controller import Controller, RunSummary
+from parkway.actors.logs import configure_logging
+from parkway.actors.tasks import Task, load_tasks
 from parkway.actors.workload import run_workload
+from parkway.brokers.base import Broker
 from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol.messages import Status, StatusReport
 
 URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+SECRET = b"bench"
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES = ("embedded", "rabbitmq")
+
+configure_logging(level=os.environ.get("PARKWAY_BENCH_LOG_LEVEL", "warning"), stream=sys.stderr)
 
 
-def roles(data: dict[str, Any]) -> list[tuple[str, int]]:
-    topology = data.get("topology", {})
+def roles(config: RunConfig) -> list[tuple[str, int]]:
+    topology = config.topology
     return [("tq", 0), ("policy", 0)] + [
         (role, i)
-        for role in ("resources", "agent")
-        for i in range(topology.get(f"{role}s" if role == "agent" else role, 2))
+        for role, count in (("resources", topology.resources), ("agent", topology.agents))
+        for i in range(count)
     ]
 
 
-async def embedded(data: dict[str, Any]) -> RunSummary:
-    config = from_dict(data)
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
+@dataclass
+class Cluster:
+    """A started cluster: its broker connection in this process, the controller, the configuration."""
+
+    mode: str
+    config: RunConfig
+    tasks: list[Task]
+    broker: Broker
+    controller: Controller
+    state: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    async def run(self, **kwargs: Any) -> RunSummary:
+        """The workload to completion (``run_workload``); keywords go to it (``stop_after_snapshots``...)."""
         return await run_workload(
-            broker,
-            b"bench",
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=Path(tempfile.mkdtemp(prefix="parkway-bench-")),
+            self.broker,
+            SECRET,
+            self.config,
+            self.tasks,
+            embedded=self.mode == "embedded",
+            state_root=self.state,
+            controller=self.controller,
+            **kwargs,
         )
 
+    async def counts(self, address: str) -> dict[str, int]:
+        """An actor's counters (``Status``), e.g. the policy's ``tokens_generated``."""
+        reply = await self.controller.client.request(
+            address, Status(checkpoint_id=f"bench-{time.monotonic_ns()}", deadline=time.time() + 10)
+        )
+        assert isinstance(reply, StatusReport), reply
+        return dict(reply.counts)
 
-def over_rabbitmq(data: dict[str, Any]) -> dict[str, Any]:
-    """Every actor its own process (``parkway actor``), driven by ``parkway run --broker``; the summary."""
-    state = Path(tempfile.mkdtemp(prefix="parkway-bench-"))
+
+@contextlib.asynccontextmanager
+async def started(
+    data: dict[str, Any],
+    mode: str = "embedded",
+    *,
+    state: Path | None = None,
+    actor_log_level: str = "warning",
+    keep_queues: bool = False,
+    spawn: bool = True,
+) -> AsyncIterator[Cluster]:
+    """A cluster of configuration ``data`` (a fresh "machine"; ``state`` reuses a state directory).
+    Over RabbitMQ: ``spawn=False`` when the actor processes were started already; the run's queues are
+    deleted afterwards unless ``keep_queues``."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    config = from_dict(data)
+    tasks = load_tasks(config.tasks)
+    state = state or Path(tempfile.mkdtemp(prefix="parkway-bench-"))
+    processes: list[subprocess.Popen[bytes]] = []
+    broker: Broker
+    if mode == "embedded":
+        broker = MemoryBroker(MemoryHub(), config.run)
+    else:
+        from parkway.brokers.rabbitmq import RabbitBroker
+
+        processes = spawn_actors(data, state, actor_log_level) if spawn else []
+        broker = RabbitBroker(URL, config.run, connection_name=f"parkway-{config.run}-bench")
+    try:
+        async with broker:
+            controller = Controller(broker, secret=SECRET, replica=0)
+            yield Cluster(mode, config, tasks, broker, controller, state, processes)
+    finally:
+        stop_processes(processes)
+        if mode == "rabbitmq" and not keep_queues:
+            await delete_run(config)
+
+
+async def embedded(data: dict[str, Any]) -> RunSummary:
+    """One workload of ``data`` to completion, every actor in this process (``bench/vllm_engine.py``)."""
+    async with started(data) as c:
+        return await c.run()
+
+
+async def delete_run(config: RunConfig) -> None:
+    """Delete a run's queues and exchanges on RabbitMQ (durable: they would outlive the benchmark)."""
+    import aio_pika
+
+    prefix = f"pk.{config.run}"
+    addresses = [f"{role}/{i}" for role, i in roles(config)] + ["controller/0"]
+    connection = await aio_pika.connect(URL)
+    async with connection:
+        queues = [f"{prefix}.q.{a}" for a in addresses] + [f"{prefix}.dead", f"{prefix}.logs"]
+        for kind, name in [("queue", q) for q in queues] + [
+            ("exchange", e) for e in (prefix, f"{prefix}.dlx", f"{prefix}.logs")
+        ]:
+            with contextlib.suppress(Exception):  # one channel each: an error closes its channel
+                async with connection.channel() as channel:
+                    if kind == "queue":
+                        await channel.queue_delete(name)
+                    else:
+                        await channel.exchange_delete(name)
+
+
+def spawn_actors(data: dict[str, Any], state: Path, log_level: str) -> list[subprocess.Popen[bytes]]:
+    """Every actor of ``data`` as its own ``parkway actor`` process on the local RabbitMQ."""
+    config = from_dict(data)
+    state.mkdir(parents=True, exist_ok=True)
     config_path = state / "run.yaml"
     config_path.write_text(yaml.safe_dump(data))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
     env.update(
-        PARKWAY_RUN=data["run"], PARKWAY_SECRET="bench", PARKWAY_STATE_DIR=str(state), PARKWAY_BROKER_URL=URL
+        PARKWAY_RUN=config.run,
+        PARKWAY_SECRET=SECRET.decode(),
+        PARKWAY_STATE_DIR=str(state),
+        PARKWAY_BROKER_URL=URL,
     )
-    cli = [sys.executable, "-m", "parkway.actors.cli"]
-    procs = [
+    command = [sys.executable, "-m", "parkway.actors.cli", "actor"]
+    return [
         subprocess.Popen(
-            [
-                *cli,
-                "actor",
-                role,
-                "--replica",
-                str(i),
-                "--config",
-                str(config_path),
-                "--log-level",
-                "warning",
-            ],
+            [*command, role, "--replica", str(i), "--config", str(config_path), "--log-level", log_level],
             env=env,
         )
-        for role, i in roles(data)
+        for role, i in roles(config)
     ]
-    try:
-        result = subprocess.run(
-            [*cli, "run", "--config", str(config_path), "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
+
+
+def stop_processes(processes: list[subprocess.Popen[bytes]], *, kill: bool = False) -> None:
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill() if kill else proc.terminate()
+    for proc in processes:
+        try:
             proc.wait(30)
-    return json.loads(result.stdout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+async def cancel(task: asyncio.Task[Any]) -> None:
+    """Stop a workload dead (the benchmark's stand-in for killing the cluster)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+def tasks_file(prompts: int, *, turns: tuple[int, int] | None = None) -> Path:
+    """A JSONL of ``prompts`` tasks cycling through the built-in mixed ones; ``turns=(low, high)`` gives
+    them ``low`` to ``high`` turns (rollouts of unequal length finish steadily, not in waves)."""
+    import json
+
+    from parkway.actors.tasks import BUILTIN
+
+    mixed = BUILTIN["mixed"]
+    path = Path(tempfile.mkdtemp(prefix="parkway-bench-tasks-")) / "tasks.jsonl"
+    lines = []
+    for i in range(prompts):
+        task = {"env": mixed[i % len(mixed)].env, "prompt": mixed[i % len(mixed)].prompt}
+        if turns is not None:
+            task["max_turns"] = turns[0] + i % (turns[1] - turns[0] + 1)
+        lines.append(json.dumps(task))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def machine() -> dict[str, Any]:
+    """Where and when a figure was taken (2 shared cores: load matters)."""
+    load = os.getloadavg()
+    return {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "loadavg_1m_at_start": round(load[0], 2),
+        "python": sys.version.split()[0],
+    }
+
+
+def write_json(name: str, record: dict[str, Any]) -> Path:
+    import json
+
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def pyplot() -> Any:
+    """matplotlib, imported late, on the Agg backend (no display here)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,11 +1,19 @@
-"""The admission-closed window of a snapshot (``pause_ms``) against rollouts in flight.
+"""What a snapshot costs: the admission-closed window and each save step against rollouts in flight.
 
-    python bench/snapshot_pause.py [--in-flight 16 256] [--delay 0.002] [--interval 0.5]
+    python bench/snapshot_pause.py [--in-flight 16 64 256 1024] [--modes embedded rabbitmq]
+                                   [--delay 0.05] [--tool-delay 0.1] [--snapshots 8] [--quick]
 
-Each point runs one workload with snapshots every ``--interval`` seconds and the engine's simulated
-per-token time ``--delay`` (so rollouts are mid-turn when a snapshot comes), embedded and with every
-actor its own process on the local RabbitMQ. Prints p50/p95/max and writes
-``bench/results/snapshot_pause.json``. Not a test: nothing here asserts on time.
+Each point starts a cluster with ``--in-flight`` rollouts running (the default engine answering at
+``--delay`` seconds per token, about 4.5 s a model call; every tool call taking ``--tool-delay``), lets
+it run ``--warmup`` seconds, takes ``--snapshots`` snapshots ``--every`` seconds apart, and stops it.
+Per snapshot the controller records the window, every step, the rollouts it saved, the bytes it wrote
+and how long agents waited for their rollouts to reach a boundary: prepare waits for tool calls in
+flight (SPEC section 5, mode ``wait``), so that part of the pause is the tools' own time, not the
+framework's. The table shows both: the pause, and the pause without that wait.
+
+Modes: ``embedded`` (one process, in-memory broker) and ``rabbitmq`` (every actor its own process on
+the local RabbitMQ, the controller in this one). Writes ``bench/results/snapshot_pause.json`` and
+``.png``. Not a test: nothing here asserts on time.
 """
 
 from __future__ import annotations
@@ -17,75 +25,189 @@ _sys.path.insert(0, str(_Path(__file__).resolve().parent))  # bench/ is scripts,
 
 import argparse
 import asyncio
-import json
-import os
+import math
+import statistics
 import time
 import uuid
-from pathlib import Path
+from typing import Any
 
 import cluster
+from parkway.actors.snapshots import percentiles
 
-RESULTS = Path(__file__).resolve().parent / "results"
-URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-ROLES = [("tq", 0), ("policy", 0), ("resources", 0), ("resources", 1), ("agent", 0), ("agent", 1)]
+STEPS = ("prepare", "commit", "capture", "validate", "publish", "resume")
 
 
-def workload(in_flight: int, args: argparse.Namespace) -> dict:
-    tasks = min(8, in_flight)  # rollouts in flight = tasks x group size
-    group_size = max(1, in_flight // tasks)
+GROUP_SIZE = 8
+
+
+def workload(in_flight: int, args: argparse.Namespace) -> dict[str, Any]:
+    # Twice the rollouts that run at once (finished ones are replaced, so in flight stays at the
+    # target), or ``--prompts`` prompts: the dataset behind them, which must not matter.
+    prompts = max(args.prompts, math.ceil(2 * in_flight / GROUP_SIZE))
     return {
         "run": f"pause{uuid.uuid4().hex[:6]}",
-        "rollout": {"group_size": group_size, "max_turns": 6, "max_in_flight": in_flight},
-        "tasks": {"builtin": "mixed", "limit": tasks},
+        "seed": 7,
+        "rollout": {"group_size": GROUP_SIZE, "max_turns": args.turns, "max_in_flight": in_flight},
+        "tasks": {"path": str(cluster.tasks_file(prompts))},
         "policy": {"host": "inline", "per_token_delay_s": args.delay},
-        "snapshot_interval_s": args.interval,
+        "resources": {"tool_delay_s": args.tool_delay},
+        "snapshot_interval_s": 3600.0,  # the benchmark takes them, on its own clock
     }
 
 
-async def embedded(data: dict) -> dict:
-    summary = await cluster.embedded(data)
+async def measure(in_flight: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    async with cluster.started(workload(in_flight, args), mode) as c:
+        run = asyncio.ensure_future(c.run())
+        started = time.monotonic()
+        while c.controller.snapshots is None or len(c.controller.ledger.dispatched()) < in_flight:
+            if run.done():
+                run.result()
+            if time.monotonic() - started > 120:
+                raise TimeoutError(f"{in_flight} rollouts not dispatched within 120 s")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(args.warmup)
+        for _ in range(args.snapshots):
+            await c.controller.take_snapshot()
+            await asyncio.sleep(args.every)
+        await cluster.cancel(run)
+        records = list(c.controller.snapshots.metrics.records)
+        failed = c.controller.snapshots.metrics.failed
+    return summarize(in_flight, mode, records, failed)
+
+
+def summarize(in_flight: int, mode: str, records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
+    pause = [r["pause_ms"] for r in records]
+    own = [max(0.0, r["pause_ms"] - r["park_wait_ms"]) for r in records]
     return {
-        "rollouts": summary.rollouts_expected,
-        "snapshots": summary.snapshots_published,
-        **summary.pause_ms,
-        "steps_ms": summary.snapshot_steps_ms,
+        "mode": mode,
+        "in_flight": in_flight,
+        "snapshots": len(records),
+        "failed": failed,
+        "rollouts_saved_p50": statistics.median([r["rollouts"] for r in records]) if records else 0,
+        "pause_ms": percentiles(pause),
+        "pause_without_park_wait_ms": percentiles(own),
+        "park_wait_ms": percentiles([r["park_wait_ms"] for r in records]),
+        "steps_ms_p50": {
+            step: round(statistics.median(r["steps_ms"].get(step, 0.0) for r in records), 3)
+            for step in (records[0]["steps_ms"] if records else ())
+        },
+        "bytes_p50": int(statistics.median(r["bytes"] for r in records)) if records else 0,
+        "records": records,
     }
 
 
-def over_rabbitmq(data: dict) -> dict:
-    summary = cluster.over_rabbitmq(data)
-    return {
-        "rollouts": summary["rollouts_expected"],
-        "snapshots": summary["snapshots_published"],
-        **summary["pause_ms"],
-        "steps_ms": summary["snapshot_steps_ms"],
-    }
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'mode':<9} {'in flight':>9} {'snaps':>5} {'pause p50':>9} {'p95':>6} {'max':>6} "
+        f"{'park wait p50':>13} {'own p50':>7} {'p95':>6} {'MB':>5}  " + " ".join(f"{s:>8}" for s in STEPS)
+    )
+    lines = [head]
+    for r in rows:
+        p, o, w = r["pause_ms"], r["pause_without_park_wait_ms"], r["park_wait_ms"]
+        steps = " ".join(f"{r['steps_ms_p50'].get(s, 0):>8.1f}" for s in STEPS)
+        lines.append(
+            f"{r['mode']:<9} {r['in_flight']:>9} {r['snapshots']:>5} {p['p50']:>9.1f} {p['p95']:>6.1f} "
+            f"{p['max']:>6.1f} {w['p50']:>13.1f} {o['p50']:>7.1f} {o['p95']:>6.1f} "
+            f"{r['bytes_p50'] / 1e6:>5.2f}  {steps}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
+    plt = cluster.pyplot()
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    fig, axes = plt.subplots(1, 1 + len(modes), figsize=(6 + 5 * len(modes), 4.8))
+    ax = axes[0]
+    colors = {"embedded": "tab:blue", "rabbitmq": "tab:red"}
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        xs = [r["in_flight"] for r in mine]
+        color = colors.get(mode, "tab:gray")
+        ax.plot(xs, [r["pause_ms"]["p50"] for r in mine], "o-", color=color, label=f"{mode}: pause p50")
+        ax.plot(xs, [r["pause_ms"]["p95"] for r in mine], "^--", color=color, label=f"{mode}: pause p95")
+        ax.plot(
+            xs,
+            [r["pause_without_park_wait_ms"]["p50"] for r in mine],
+            "s:",
+            color=color,
+            alpha=0.6,
+            label=f"{mode}: without the wait for tool calls, p50",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["in_flight"] for r in rows}))
+    ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("rollouts in flight")
+    ax.set_ylabel("admission-closed window (ms)")
+    ax.set_title("Snapshot pause")
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(0, max(r["pause_ms"]["p95"] for r in rows) * 1.5)
+    ax.legend(fontsize=7, loc="upper left")
+    for ax, mode in zip(axes[1:], modes, strict=True):
+        mine = [r for r in rows if r["mode"] == mode]
+        labels = [str(r["in_flight"]) for r in mine]
+        bottom = [0.0] * len(mine)
+        for step in (*STEPS, "other"):
+            if step == "other":
+                values = [
+                    max(0.0, r["pause_ms"]["p50"] - sum(r["steps_ms_p50"].get(s, 0) for s in STEPS))
+                    for r in mine
+                ]
+            else:
+                values = [r["steps_ms_p50"].get(step, 0.0) for r in mine]
+            ax.bar(labels, values, bottom=bottom, label=step)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        wait = [r["park_wait_ms"]["p50"] for r in mine]
+        ax.plot(labels, wait, "k_", markersize=28, mew=2, label="prepare's wait for tool calls")
+        twin = ax.twinx()
+        twin.plot(labels, [r["bytes_p50"] / 1e6 for r in mine], "kD-", label="MB written")
+        twin.set_ylabel("MB written per snapshot (p50)")
+        ax.set_xlabel("rollouts in flight")
+        ax.set_ylabel("median step duration (ms)")
+        ax.set_title(f"{mode}: the window by step (p50)")
+        ax.set_ylim(0, max(bottom) * 1.6)
+        twin.set_ylim(0, max(r["bytes_p50"] for r in mine) / 1e6 * 1.6)
+        handles, names = ax.get_legend_handles_labels()
+        more, more_names = twin.get_legend_handles_labels()
+        ax.legend(handles + more, names + more_names, fontsize=7, loc="upper left", ncol=2)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 256])
-    parser.add_argument("--delay", type=float, default=0.002)
-    parser.add_argument("--interval", type=float, default=0.5)
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 64, 256, 1024])
+    parser.add_argument("--modes", nargs="+", default=list(cluster.MODES), choices=cluster.MODES)
+    parser.add_argument("--delay", type=float, default=0.05, help="engine seconds per token")
+    parser.add_argument("--tool-delay", type=float, default=0.1, help="seconds every tool call takes")
+    parser.add_argument("--turns", type=int, default=12, help="turns per rollout")
+    parser.add_argument(
+        "--prompts", type=int, default=0, help="prompts in the dataset (0: 2 x in flight / 8)"
+    )
+    parser.add_argument("--warmup", type=float, default=8.0, help="seconds of running before the first")
+    parser.add_argument("--snapshots", type=int, default=8, help="snapshots per point")
+    parser.add_argument("--every", type=float, default=2.0, help="seconds between snapshots")
+    parser.add_argument("--quick", action="store_true", help="16 and 256 in flight, 4 snapshots each")
+    parser.add_argument("--name", default="snapshot_pause", help="results file name")
     args = parser.parse_args()
+    if args.quick:
+        args.in_flight, args.snapshots, args.warmup = [16, 256], 4, 4.0
+    began = cluster.machine()
     rows = []
     for n in args.in_flight:
-        rows.append({"mode": "embedded", "in_flight": n, **asyncio.run(embedded(workload(n, args)))})
-        rows.append({"mode": "rabbitmq-processes", "in_flight": n, **over_rabbitmq(workload(n, args))})
-    print(f"{'mode':<20} {'in flight':>9} {'snapshots':>9} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
-    for r in rows:
-        print(
-            f"{r['mode']:<20} {r['rollouts']:>9} {r['snapshots']:>9} {r['p50']:>8} {r['p95']:>8} {r['max']:>8}"
-        )
-        print("    steps (p50 ms): " + ", ".join(f"{k} {v:.1f}" for k, v in r["steps_ms"].items()))
-    RESULTS.mkdir(exist_ok=True)
-    record = {
-        "bench": "snapshot_pause",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "settings": vars(args),
-        "results": rows,
-    }
-    (RESULTS / "snapshot_pause.json").write_text(json.dumps(record, indent=2) + "\n")
+        for mode in args.modes:
+            rows.append(asyncio.run(measure(n, mode, args)))
+            print(f"  {mode} {n}: pause p50 {rows[-1]['pause_ms']['p50']} ms", file=_sys.stderr)
+    print(table(rows))
+    settings = {k: v for k, v in vars(args).items() if k != "name"}
+    cluster.write_json(args.name, {"bench": "snapshot_pause", **began, "settings": settings, "results": rows})
+    plot(
+        rows,
+        cluster.RESULTS / f"{args.name}.png",
+        f"{args.delay * 1000:.0f} ms/token, tools {args.tool_delay * 1000:.0f} ms, {began['when']}, "
+        f"{began['cpus']} shared cores (load {began['loadavg_1m_at_start']})",
+    )
 
 
 if __name__ == "__main__":

@@ -279,6 +279,7 @@ class Prepared(Message, frozen=True, kw_only=True):
     parked: int = 0
     boundaries_passed: int = 0
     restarts: tuple[AttemptRef, ...] = ()
+    waited_s: float = 0.0  # how long the participant waited for its rollouts to park (tool calls in flight)
 
 
 class Committed(Message, frozen=True, kw_only=True):
@@ -442,6 +443,13 @@ class FetchRows(Message, frozen=True, kw_only=True):
     rollout_ids: tuple[str, ...]
 
 
+class ReleaseRows(Message, frozen=True, kw_only=True):
+    """Trainer (controller) -> TQ: the trainer consumed these rollouts; drop their canonical row and the
+    staging rows of every attempt (a snapshot then carries only rows still to be trained on)."""
+
+    rollout_ids: tuple[str, ...]
+
+
 class CanonicalRows(Message, frozen=True, kw_only=True):
     rows: tuple[CanonicalRow, ...]
     missing: tuple[str, ...] = ()
@@ -512,6 +520,7 @@ AnyMessage = (
     | Rows
     | SealRows
     | FetchRows
+    | ReleaseRows
     | CanonicalRows
     | Completed
     | Ack

@@ -32,6 +32,7 @@ def test_defaults_mirror_nemo_keys() -> None:
         ),
         ({"faults": {"fail_attempts": ["nonsense"]}}, "is not ROLLOUT@ATTEMPT:TURN"),
         ({"faults": {"failure_rate": 1.5}}, "faults.failure_rate"),
+        ({"resources": {"tool_delay_s": -1}}, "resources.tool_delay_s: must be >= 0"),
         ({"run": "Bad Name"}, "run: 'Bad Name'"),
     ],
 )

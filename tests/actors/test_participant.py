@@ -163,6 +163,32 @@ async def test_a_resume_redelivered_after_the_participant_resumed(setup) -> None
     assert isinstance(again, Error) and again.code is ErrorCode.STALE_CHECKPOINT
 
 
+async def test_the_release_follows_the_resume_reply_onto_the_wire(setup) -> None:
+    # Releasing wakes every parked rollout; were that first, their next steps would run before the
+    # reply went out, and the controller's admission gate would stay closed while they did.
+    actor, client, _ = setup
+    order: list[str] = []
+    send_reply, release = actor._send_reply, actor.release
+
+    async def recorded_send_reply(request, content) -> None:  # type: ignore[no-untyped-def]
+        order.append("reply")
+        await send_reply(request, content)
+
+    async def recorded_release() -> None:
+        order.append("release")
+        await release()
+
+    actor._send_reply, actor.release = recorded_send_reply, recorded_release  # type: ignore[method-assign]
+    await client.call("gated/0", Prepare(checkpoint_id="ck-9", deadline=soon()))
+    await client.call("gated/0", Commit(checkpoint_id="ck-9", deadline=soon(), location="tmp_ck-9"))
+    order.clear()
+    assert await client.request("gated/0", Resume(checkpoint_id="ck-9", deadline=soon())) == Ok(
+        detail="resumed"
+    )
+    await until(lambda: actor.releases == 1)
+    assert order == ["reply", "release"]
+
+
 async def test_a_second_checkpoint_conflicts_with_the_active_one(setup) -> None:
     _, client, _ = setup
     await client.call("gated/0", Prepare(checkpoint_id="ck-6", deadline=soon()))

@@ -214,6 +214,23 @@ async def test_a_duplicate_returns_the_same_result_and_applies_once(setup) -> No
     assert (await agent.ok("verify", {"calls": calls}, call_index=1)).output == {"reward": 1.0}
 
 
+async def test_calls_that_take_time_still_apply_once_when_delivered_twice_at_once(tmp_path: Path) -> None:
+    import asyncio
+
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        actor = Resources(broker, secret=SECRET, snapshot_root=tmp_path, tool_delay_s=0.05)
+        await actor.start()
+        agent = Agent(Client(broker, secret=SECRET, sender="agent/0"))
+        # Both deliveries are inside the tool's own time together; the check and the apply come after.
+        first, second = await asyncio.gather(
+            agent.ok("transfer", transfer(10), call_index=0), agent.ok("transfer", transfer(10), call_index=0)
+        )
+        released = await agent.ok("release", call_index=1)
+        await actor.stop()
+    assert first == second and released.output == {"released": True}
+    assert actor.counts["tool_mutations_applied"] == 1 and actor.counts["tool_duplicates"] == 1
+
+
 async def test_a_redelivery_with_the_same_correlation_id_is_answered_by_the_runtime(setup) -> None:
     actor, agent = setup
     first = await agent.ok("transfer", transfer(10), correlation_id="tc-same")

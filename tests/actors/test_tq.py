@@ -50,3 +50,20 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     assert loaded.staging == store.staging and loaded.canonical == store.canonical
     assert loaded.turns_regenerated == store.turns_regenerated == 1
     assert loaded.digest() == store.digest()
+
+
+def test_release_drops_what_the_trainer_consumed_and_keeps_the_regeneration_count(tmp_path: Path) -> None:
+    store = TransferStore()
+    store.add(row("g_g0", 0))
+    store.add(row("g_g0", 1))
+    store.add(row("g_g0-a1", 1, (5,)))  # turn 1 generated again by attempt 1: one regeneration
+    store.seal("g_g0", 1, "g_g0-a1", 1.0, staging_keys=("g_g0:0", "g_g0-a1:1"))
+    store.add(row("g_g1", 0))
+    assert store.release(("g_g0",)) == 3  # every attempt's staging rows, and the canonical row
+    assert set(store.staging) == {"g_g1"} and not store.canonical
+    assert store.turns_regenerated == 1
+    assert set(store.generations) == {("g_g0", 1), ("g_g1", 0)}  # only the turn generated twice stays
+    store.save(tmp_path)
+    loaded = TransferStore.load(tmp_path)
+    assert loaded.turns_regenerated == 1 and set(loaded.staging) == {"g_g1"}
+    assert loaded.release(("g_g1",)) == 1 and not loaded.staging

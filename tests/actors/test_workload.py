@@ -86,3 +86,32 @@ async def test_garbage_from_the_model_fails_the_attempt_not_the_agent(tmp_path: 
 async def test_both_shipped_agents_run(tmp_path: Path, agent: str) -> None:
     summary = await run(tmp_path, agent=agent, tasks={"builtin": "counter", "limit": 2})
     assert summary.rollouts_sealed == 6 and summary.mean_reward == 1.0
+
+
+def test_the_policy_and_resources_hold_every_rollouts_call_and_still_take_control_commands() -> None:
+    # A model call waiting at a closed admission gate holds its delivery; with a prefetch at or below
+    # the rollouts in flight, the checkpoint's own Commit and Resume queued behind those calls (seen at
+    # 1024 rollouts in flight: the commit timed out and the snapshot was aborted).
+    from parkway.actors.workload import CONTROL_HEADROOM, role_options
+
+    config = from_dict({"rollout": {"max_in_flight": 4096}, "policy": {"host": "inline"}})
+    for role in ("policy", "resources"):
+        assert role_options(role, config)["prefetch"] == 4096 + CONTROL_HEADROOM
+
+
+async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_path: Path, monkeypatch) -> None:
+    # With every task admitted at the start, each snapshot encoded (and each dispatch walked) all of
+    # them: its cost grew with the dataset, not with the rollouts in flight.
+    from parkway.actors.controller import Controller
+
+    sizes: list[int] = []
+    dispatch = Controller._dispatch_ready
+
+    async def observed(self: Controller) -> None:
+        sizes.append(len(self.ledger.groups))
+        await dispatch(self)
+
+    monkeypatch.setattr(Controller, "_dispatch_ready", observed)
+    summary = await run(tmp_path, tasks={"limit": 12}, rollout={"group_size": 1, "max_in_flight": 2})
+    assert summary.rollouts_sealed == summary.rollouts_expected == 12 and summary.train_steps == 6
+    assert max(sizes) <= 2 + 2  # the two in flight, and at most a batch waiting for the trainer

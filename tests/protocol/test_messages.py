@@ -53,6 +53,7 @@ EXAMPLES: list[m.Message] = [
     m.Rows(rows=(m.StagingRow(capture_key="g1_g0", turn=0, token_ids=(1,), logprobs=(-0.5,)),)),
     m.SealRows(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0),
     m.FetchRows(rollout_ids=("g1_g0",)),
+    m.ReleaseRows(rollout_ids=("g1_g0", "g1_g1")),
     m.CanonicalRows(
         rows=(
             m.CanonicalRow(
