@@ -76,6 +76,7 @@ async def test_a_json_command_from_pika_is_accepted_and_answered(spawn, client, 
         "parked": 0,
         "boundaries_passed": 0,
         "restarts": [],
+        "waited_s": 0.0,
     }
     resumed = pika_request(
         amqp_url,
