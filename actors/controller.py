@@ -146,6 +146,7 @@ class Controller(Actor):
         self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
         self._trained_groups: list[str] = []  # group ids the trainer consumed, in order
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
+        self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
 
     # -- the admission gate and the stall clock ----------------------------------------------------
     @property
@@ -193,8 +194,20 @@ class Controller(Actor):
             outcome = self.ledger.seal(
                 receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns
             )
+            self.history.record(
+                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="completed", outcome=outcome.value
+            )
             if outcome is SealOutcome.SEALED:
                 self.counts["rollouts_sealed"] += 1
+                self.seals += 1
+                self.history.record(
+                    "seal",
+                    r=receipt.rollout_id,
+                    a=receipt.attempt,
+                    ck=receipt.capture_key,
+                    reward=receipt.reward,
+                    seq=self.seals,
+                )
                 log.info(
                     "sealed",
                     rollout_id=receipt.rollout_id,
@@ -216,8 +229,21 @@ class Controller(Actor):
         """A failed attempt, reported by its agent or found stalled: redone by its group's granularity."""
         if not self.ledger.knows(receipt.rollout_id):
             self.counts["receipts_stale"] += 1
+            self.history.record(
+                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="failed", outcome="stale"
+            )
             return
         plan = self.ledger.fail(receipt.rollout_id, receipt.attempt, code=receipt.code, turns=receipt.turns)
+        self.history.record(
+            "receipt",
+            r=receipt.rollout_id,
+            a=receipt.attempt,
+            of="failed",
+            outcome="stale" if plan.stale else "failed",
+            code=receipt.code,
+            redo=list(plan.redo),
+            given_up=list(plan.given_up),
+        )
         if plan.stale:
             self.counts["receipts_stale"] += 1
             return
@@ -290,6 +316,7 @@ class Controller(Actor):
             )
             self.counts["acks_sent"] += len(refs)
             self.counts["ack_batches"] += 1
+            self.history.record("ack", replica=replica, refs=[[a.rollout_id, a.attempt] for a in refs])
 
     async def _ack_loop(self) -> None:
         while True:
@@ -324,12 +351,20 @@ class Controller(Actor):
                 raise
             except Exception as exc:
                 log.error("run_aborted", error=f"{type(exc).__name__}: {exc}")
+                self.history.record("run_aborted", error=f"{type(exc).__name__}: {exc}")
                 raise
             log.info(
                 "run_finished",
                 rollouts_sealed=summary.rollouts_sealed,
                 rollouts_failed=summary.rollouts_failed,
                 wall_s=summary.wall_s,
+            )
+            self.history.record(
+                "run_finished",
+                sealed=summary.rollouts_sealed,
+                failed=summary.rollouts_failed,
+                expected=summary.rollouts_expected,
+                transcripts_sha256=summary.transcripts_sha256,
             )
             return summary
 
@@ -367,6 +402,12 @@ class Controller(Actor):
             rollouts_expected=expected,
             groups_left=len(self.ledger.groups),
             snapshots=self.snapshots is not None,
+        )
+        self.history.record(
+            "run_started",
+            restored=restored,
+            epoch=self.epoch,
+            expected=[f"t{i:04d}_g{g}" for i in range(len(tasks)) for g in range(config.rollout.group_size)],
         )
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
         self._run_started = started
@@ -532,6 +573,7 @@ class Controller(Actor):
                 timeout_s=config.rollout.stall_timeout_s,
             )
             self.counts["attempts_stalled"] += 1
+            self.history.record("stalled", r=rollout, a=attempt)
             if replica is not None:
                 await self._retire(((rollout, attempt, replica),))  # stop it where it hangs
             await self._fail(Failed(rollout_id=rollout, attempt=attempt, code="stalled"))
@@ -555,6 +597,7 @@ class Controller(Actor):
         for rollout in lost:
             self.ledger.restart_after_restore(rollout, continue_saved=False)
         self.counts["attempts_lost_with_replica"] += len(lost)
+        self.history.record("replica_restarted", replica=replica, lost=lost)
         log.warning("agent_replica_restarted", replica=replica, rollouts_restarted=len(lost))
         self._wake.set()
 
@@ -714,6 +757,14 @@ class Controller(Actor):
                 task=self._task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),
             )
             self.ledger.dispatch(sibling.rollout_id, attempt, replica)
+            self.history.record(
+                "dispatch",
+                r=sibling.rollout_id,
+                a=attempt,
+                epoch=self.epoch,
+                replica=replica,
+                continue_from=current.continue_from,
+            )
             log.info(
                 "rollout_dispatched",
                 rollout_id=sibling.rollout_id,

@@ -231,6 +231,9 @@ class Participant(Actor):
     async def on_retire(self, command: Retire) -> Message:
         for ref in command.attempts:
             self.retired.add((ref.rollout_id, ref.attempt))
+        self.history.record(
+            "fence", cid=command.checkpoint_id, attempts=[[r.rollout_id, r.attempt] for r in command.attempts]
+        )
         return Ok(detail=f"retired {len(command.attempts)}")
 
     async def on_forget(self, command: Forget) -> Message:
@@ -250,6 +253,7 @@ class Participant(Actor):
         if transition.outcome is Outcome.MOVED:
             self._time_phase(transition)
             log.info("phase", on=event.value, before=transition.before.value, after=transition.after.value)
+            self.history.record("phase", cid=checkpoint_id, on=event.value, after=transition.after.value)
         return transition
 
     def _time_phase(self, transition: Transition) -> None:
@@ -287,6 +291,7 @@ class Participant(Actor):
                     if transition is not None:
                         self._time_phase(transition)
                         log.warning("lease_lapsed", phase_before=transition.before.value)
+                        self.history.record("phase", cid=transition.checkpoint_id, on="lapse", after="idle")
                         await self._end(transition.checkpoint_id)
 
 

@@ -112,6 +112,7 @@ class Policy(Participant):
         # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
         version = max(call.policy_version, self.policy_version)
         self._generating[request_id] = attempt
+        self.history.record("generate", r=call.rollout_id, a=call.attempt, i=call.call_index)
         self._idle.clear()
         try:
             result = await self.pool.generate(
@@ -143,6 +144,7 @@ class Policy(Participant):
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"staging row for {request_id} not sent: {exc}"
             ) from exc
+        self.history.record("generated", r=call.rollout_id, a=call.attempt, i=call.call_index)
         log.debug(
             "generated",
             request_id=request_id,
@@ -226,6 +228,7 @@ class Policy(Participant):
 
     def _refuse_retired(self, attempt: tuple[str, int]) -> None:
         if attempt in self.retired:
+            self.history.record("refused", r=attempt[0], a=attempt[1], code="stale_attempt")
             raise ProtocolError(ErrorCode.STALE_ATTEMPT, f"attempt {attempt[1]} of {attempt[0]} is retired")
 
     async def wait_for_gate(self, request_id: str, why: str) -> None:
@@ -274,6 +277,7 @@ class Policy(Participant):
         for request_id, attempt in list(self._generating.items()):
             self.retired.add(attempt)
             await self.pool.abort(request_id)
+            self.history.record("aborted", r=attempt[0], a=attempt[1], request=request_id)
         [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
         weights_dir = record.get("weights_dir")
         if weights_dir is not None and weights_dir != self.weights_dir:

@@ -113,6 +113,7 @@ class Resources(Participant):
                 self.counts["sessions_retired"] += 1  # superseded by the newer attempt
             session = self.sessions[call.rollout_id] = fresh
             self.counts["sessions_opened"] += 1
+            self.history.record("session_opened", r=call.rollout_id, a=call.attempt, i=call.call_index)
         if (session.env.name, session.env.seed) != (call.env, call.seed):
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE,
@@ -144,6 +145,7 @@ class Resources(Participant):
                 f"with other arguments; a call index names one call",
             )
         self.counts["tool_duplicates"] += 1
+        self.history.record("duplicate", r=call.rollout_id, a=call.attempt, i=call.call_index, tool=call.tool)
         return result
 
     def _after_retirement(self, session: Session, call: ToolCall) -> ToolResult:
@@ -169,19 +171,40 @@ class Resources(Participant):
                 self.counts["tool_mutations_duplicated"] += 1
                 log.error("mutation_applied_twice", call_index=call.call_index, tool=call.tool)
             session.applied.add(call.call_index)
+            self.history.record(
+                "mutation",
+                r=call.rollout_id,
+                a=call.attempt,
+                i=call.call_index,
+                tool=call.tool,
+                rev=session.revision,
+                effect=output,
+            )
         return self._result(session, call, ok=True, output=output)
 
     def _release(self, session: Session, call: ToolCall) -> ToolResult:
         """Retire without a score. It skips the index check: clean-up must work whatever index it
         comes with (an agent that lost a call's reply releases under that call's index)."""
+        self.history.record("released", r=call.rollout_id, a=call.attempt)
         return self._retire(call, session, self._result(session, call, ok=True, output={"released": True}))
 
     def _verify(self, session: Session, call: ToolCall) -> ToolResult:
         """Score the session from the agent's record; a malformed record is a tool error, not an ending."""
         try:
-            reward = session.env.verify(parse_record(call.arguments))
+            record = parse_record(call.arguments)
+            reward = session.env.verify(record)
         except ToolError as err:
             return self._result(session, call, ok=False, output={"error": err.message})
+        if self.history.enabled:
+            self.history.record(
+                "verified",
+                r=call.rollout_id,
+                a=call.attempt,
+                reward=reward,
+                rev=session.revision,
+                applied=sorted(session.applied),
+                recorded=sum(1 for tool, _, _ in record if session.env.spec(tool).mutates),
+            )
         return self._retire(call, session, self._result(session, call, ok=True, output={"reward": reward}))
 
     def _retire(self, call: ToolCall, session: Session, ending: ToolResult) -> ToolResult:
@@ -243,6 +266,14 @@ class Resources(Participant):
             )
             self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
             self.counts["sessions_opened"] += 1
+            self.history.record(
+                "session_restored",
+                r=item.rollout_id,
+                a=attempt,
+                saved_attempt=item.attempt,
+                rev=item.revision,
+                applied=sorted(item.applied),
+            )
             restored.append(AttemptRef(rollout_id=item.rollout_id, attempt=attempt))
         return tuple(restored)
 

@@ -232,6 +232,7 @@ class SnapshotCoordinator:
                     orphans.setdefault(reply.checkpoint_id, []).append(address)
         for checkpoint_id, addresses in orphans.items():
             log.warning("orphaned_checkpoint", orphan=checkpoint_id, participants=addresses, action="abort")
+            self.controller.history.record("orphan_aborted", cid=checkpoint_id, participants=addresses)
             abort = Abort(
                 checkpoint_id=checkpoint_id,
                 deadline=time.time() + self.config.prepare_timeout_s,
@@ -285,6 +286,7 @@ class SnapshotCoordinator:
             "boundaries": 0,
         }
         started = time.perf_counter()
+        history = self.controller.history
         paused_before = (
             self.controller.paused_s()
         )  # the gate's own clock measures the admission-closed window
@@ -295,11 +297,13 @@ class SnapshotCoordinator:
                     t0 = time.perf_counter()
                     reached.append(step.name)  # type: ignore[arg-type]
                     self.controller.faults.reach(f"save_{step.name.value}")
+                    history.record("snap", cid=cid, step=step.name.value)
                     result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
                     took = time.perf_counter() - t0
                     self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
                     self.controller.metrics.snapshot_step(step.name.value, took)
                     if result == "skip":
+                        history.record("snap_skipped", cid=cid)
                         self.metrics.skipped += 1
                         self.controller.metrics.snapshot("skipped")
                         self.metrics.consecutive_failures = 0
@@ -307,6 +311,13 @@ class SnapshotCoordinator:
                         return None
                     self.controller.faults.reach(f"after_{step.name.value}")
             except SnapshotFailure as failure:
+                history.record(
+                    "snap_failed",
+                    cid=cid,
+                    step=failure.step,
+                    detail=failure.detail,
+                    transient=failure.transient,
+                )
                 if SaveStep.PUBLISH not in reached[:-1]:
                     await self._abort(state, failure)
                 self.controller.gate_open = True
@@ -324,6 +335,7 @@ class SnapshotCoordinator:
         self.controller.metrics.snapshot("published")
         self.metrics.consecutive_failures = 0
         path = self.run_dir / f"snapshot_{seq}"
+        history.record("snap_done", cid=cid, snapshot=path.name)
         log.info(
             "snapshot_published",
             checkpoint_id=cid,
@@ -442,6 +454,8 @@ class SnapshotCoordinator:
         data = msgspec.msgpack.encode(
             {"ledger": self.controller.ledger.export(), "controller": self.controller.anchor()}
         )
+        # No await since the export: the seals made so far are exactly the ones this ledger holds.
+        self.controller.history.record("captured", cid=cid, seals=self.controller.seals)
         tmp.mkdir(parents=True, exist_ok=True)
         path = tmp / "ledger.msgpack"
         with open(path, "wb") as handle:
@@ -520,6 +534,12 @@ class SnapshotCoordinator:
         final = self.run_dir / f"snapshot_{state['seq']}"
         os.rename(tmp, final)
         fsync_dir(self.run_dir)
+        self.controller.history.record(
+            "published",
+            cid=state["cid"],
+            snapshot=final.name,
+            episodes=sorted([r, a] for r, a in state["episodes"]),
+        )
         self._last_progress = state["progress"]
         self._prune()
         if self.on_published is not None:
@@ -572,6 +592,7 @@ class SnapshotCoordinator:
         """Abort under the same id everywhere (fencing it), delete the temporary directory."""
         log.warning("snapshot_aborted", step=failure.step, detail=failure.detail, transient=failure.transient)
         cid = state["cid"]
+        self.controller.history.record("snap_aborted", cid=cid, step=failure.step)
         targets = [a for role in ("agent", "policy", "resources", "tq") for a in self.addresses(role)]
         await asyncio.gather(
             *(
@@ -635,6 +656,9 @@ class SnapshotCoordinator:
         rid = new_checkpoint_id("rs")
         with structlog.contextvars.bound_contextvars(checkpoint_id=rid):
             log.info("restore_started", snapshot=path.name, saved_checkpoint=manifest["checkpoint_id"])
+            self.controller.history.record(
+                "restore_started", rid=rid, snapshot=path.name, saved_cid=manifest["checkpoint_id"]
+            )
             await self._check_topology(manifest)
             deadline = time.time() + self.config.prepare_timeout_s
             record = msgspec.msgpack.decode((path / "ledger.msgpack").read_bytes())
@@ -676,11 +700,23 @@ class SnapshotCoordinator:
                     lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name, epoch=epoch),
                     "restore_tq",
                 )
+                # From here on attempt N of every restored rollout is fenced on every participant (TQ's
+                # store replaced by the snapshot's), and attempt N+1 exists.
+                self.controller.history.record(
+                    "fenced",
+                    rid=rid,
+                    snapshot=path.name,
+                    saved_cid=manifest["checkpoint_id"],
+                    epoch=epoch,
+                    attempts=[[f.rollout_id, f.attempt] for f in fence],
+                    continued=[[e.rollout_id, e.attempt, e.replica] for e in scope],
+                )
                 self.controller.faults.reach("after_restore_tq")
             except SnapshotFailure as failure:
                 # One owner cleans up a failed restore: this controller aborts the restore id everywhere,
                 # once; nobody else resumes anything (NeMo resumed twice here).
                 log.error("restore_failed", step=failure.step, detail=failure.detail)
+                self.controller.history.record("restore_failed", rid=rid, step=failure.step)
                 targets = [a for role in ("agent", "policy", "resources", "tq") for a in self.addresses(role)]
                 await asyncio.gather(
                     *(
@@ -703,6 +739,7 @@ class SnapshotCoordinator:
             self.metrics.rollouts_restored += len(scope)
             self._last_progress = await self._progress()
             log.info("restore_done", snapshot=path.name, continued=len(scope))
+            self.controller.history.record("restore_done", rid=rid, snapshot=path.name)
         return True
 
     async def _restore_fallback(self, step: int) -> bool:

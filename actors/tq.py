@@ -153,14 +153,25 @@ class TransferQueue(Participant):
             if self.store.add(row):
                 self.counts["staging_rows"] += 1
                 self.counts["turns_regenerated"] = self.store.turns_regenerated
+                self.history.record("staged", ck=row.capture_key, i=row.turn)
             else:
                 self.counts["staging_duplicates"] += 1
 
     async def on_seal_rows(self, message: SealRows) -> Message:
+        before = self.store.canonical.get(message.rollout_id)
         row = self.store.seal(
             message.rollout_id, message.attempt, message.capture_key, message.reward, message.staging_keys
         )
         self.counts["canonical_rows"] = len(self.store.canonical)
+        if row is not before:
+            self.history.record(
+                "sealed",
+                r=row.rollout_id,
+                a=row.attempt,
+                ck=row.capture_key,
+                turns=[t.turn for t in row.turns],
+                replaced=before.capture_key if before is not None else None,
+            )
         return Ok(detail=f"{len(row.turns)} turns")
 
     async def on_fetch_rows(self, message: FetchRows) -> Message:
@@ -177,4 +188,11 @@ class TransferQueue(Participant):
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         self.store = TransferStore.load(directory)
+        self.history.record(
+            "restored",
+            cid=command.checkpoint_id,
+            location=command.location,
+            staged=sum(len(turns) for turns in self.store.staging.values()),
+            canonical=sorted(self.store.canonical),
+        )
         return ()
