@@ -29,7 +29,7 @@ from parkway.actors.participant import ParkReport, Participant, write_records
 from parkway.actors.programs import PROGRAMS
 from parkway.actors.rollout import RolloutContext, RolloutFailure, ToolOutcome
 from parkway.actors.transcript import ModelStep, SavedRollout, ToolStep, prompt_digest
-from parkway.brokers.base import BrokerError
+from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import capture_key
 from parkway.protocol.messages import (
@@ -56,6 +56,8 @@ log = structlog.get_logger("parkway.agent")
 
 AttemptKey = tuple[str, int]
 CALL_TIMEOUT_S = 600.0  # a model or tool call that takes longer is a failure of the attempt
+# Pauses before a call is sent again after a broker error (its reply was lost with the connection).
+TRANSPORT_RETRIES_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
 PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL})
@@ -454,12 +456,25 @@ class Agent(Participant):
         return ToolOutcome(reply.ok, dict(reply.output))
 
     async def _request(self, address: str, message: Message, correlation_id: str) -> Message:
-        try:
-            reply = await self.client.request(
-                address, message, correlation_id=correlation_id, deadline=time.time() + CALL_TIMEOUT_S
-            )
-        except (ProtocolError, BrokerError, OSError) as exc:
-            raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+        """One model or tool call. A transport failure (the broker connection lost, the reply with it)
+        sends the same call again: each is idempotent by its key (a model call's request id gives the
+        same tokens, a tool call's (attempt, index) is applied once), so the rollout keeps its turns."""
+        for pause in (*TRANSPORT_RETRIES_S, None):
+            try:
+                reply = await self.client.request(
+                    address, message, correlation_id=correlation_id, deadline=time.time() + CALL_TIMEOUT_S
+                )
+                break
+            except RequestTimeout as exc:
+                raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+            except (BrokerError, OSError) as exc:
+                if pause is None:
+                    raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+                self.counts["calls_resent"] += 1
+                log.warning("call_resent", to=address, correlation_id=correlation_id, error=str(exc))
+                await asyncio.sleep(pause)
+            except ProtocolError as exc:
+                raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
         if isinstance(reply, Error):
             raise RolloutFailure(reply.code.value, f"{address}: {reply.detail}")
         return reply

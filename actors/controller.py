@@ -322,7 +322,10 @@ class Controller(Actor):
         while True:
             await asyncio.sleep(ACK_FLUSH_S)
             if self._outbox:
-                await self._flush_outbox()
+                try:
+                    await self._flush_outbox()
+                except BrokerError as exc:  # the agents send their receipts again; they are acked again
+                    log.warning("ack_not_sent", error=str(exc))
 
     # -- the workload --------------------------------------------------------------------------
     async def run_workload(
