@@ -5,6 +5,9 @@ environment the call names (initial state from the call's seed); every call is k
 (rollout_id, attempt, call_index), so a call delivered twice (a retry after a lost reply, a redelivery
 after a crash) returns the stored result instead of mutating again. Attempts only move forward: a call
 from an older attempt than the session's is refused, one from a newer attempt starts a fresh session.
+A session opens at its attempt's first call only: a server that restarted lost its sessions, and the
+later calls of an attempt it no longer holds are refused (``stale_attempt``) rather than answered from a
+fresh state that silently lacks the mutations applied before.
 
 Two tool names are reserved: ``verify`` scores the session from the agent's record and retires it,
 ``release`` retires it without a score. A retired attempt stays fenced (late calls get
@@ -108,6 +111,15 @@ class Resources(Participant):
                 ErrorCode.STALE_ATTEMPT, f"{call.rollout_id} attempt {call.attempt} is retired"
             )
         if session is None or not current:
+            if call.call_index > 0 and call.tool != RELEASE:
+                # A session opens at its attempt's first call. One that arrives mid-way belongs to a
+                # session this server does not hold (it restarted and lost it): answering it from a
+                # fresh state would lose the mutations already applied, silently.
+                raise ProtocolError(
+                    ErrorCode.STALE_ATTEMPT,
+                    f"{self.address} holds no session of {call.rollout_id} attempt {call.attempt}: call "
+                    f"{call.call_index} cannot continue it (its earlier calls are lost with a restarted server)",
+                )
             fresh = self.open_session(call)
             if session is not None and not session.retired:
                 self.counts["sessions_retired"] += 1  # superseded by the newer attempt

@@ -4,6 +4,9 @@ The first test is the short seeded schedule CI runs: ``parkway chaos`` itself, a
 throwaway RabbitMQ node it owns (so it can restart and kill the broker too). Every run must show that
 faults were injected, that every workload finished with every rollout sealed, and that the history
 checker passed every invariant over every process's history.
+
+The others replay, each with one exact fault, what the harness found: they failed before the fix named
+in each.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from parkway.actors.chaos_schedule import quick_matrix
+from parkway.actors.chaos import Options, run_chaos
+from parkway.actors.chaos_schedule import FaultKind, TimedFault, WorkloadPlan, quick_matrix
+from parkway.actors.history import read_history
 from parkway.actors.rabbit_node import rabbitmq_bin
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
@@ -55,3 +60,30 @@ def test_a_short_seeded_chaos_schedule_passes_the_history_checker(tmp_path: Path
         assert verdict["stats"]["seals"] == 12 and verdict["stats"]["faults"] == len(workload["faults"])
     assert sum(w["controllers"] for w in result["workloads"]) > len(result["workloads"])  # controllers died
     assert sum(w["verdict"]["stats"]["restores"] for w in result["workloads"]) >= 3  # ... and restored
+
+
+async def one_fault(tmp_path: Path, url: str, plan: WorkloadPlan):
+    result = await run_chaos(
+        Options(seed=plan.seed, workdir=tmp_path / "chaos", broker_url=url, plans=[plan], keep_passing=True)
+    )
+    [workload] = result.workloads
+    assert workload.passed, workload.error or (workload.verdict.report() if workload.verdict else "")
+    assert len(workload.faults) == 1, workload.plan
+    return workload
+
+
+def history_of(tmp_path: Path, run: str):
+    return read_history(tmp_path / "chaos" / run / "state" / "history" / run)
+
+
+async def test_a_resources_server_killed_alone_loses_no_mutation(amqp_url: str, tmp_path: Path) -> None:
+    # Found by the checker (mutations_exactly_once): the new resources process answered the rest of a
+    # running rollout from a fresh session, the transfers before the crash were lost, and the rollout
+    # sealed with reward 0.0. Now a session never opens mid-way: those rollouts fail (stale_attempt) and
+    # are redone from their prompt.
+    plan = WorkloadPlan(0, 41, timed=[TimedFault(FaultKind.KILL_ACTOR, "resources/0", at_s=3.0)])
+    workload = await one_fault(tmp_path, amqp_url, plan)
+    assert workload.summary is not None and workload.summary["attempts_failed"] >= 1
+    assert workload.summary["mean_reward"] == 1.0
+    refused = [r for r in history_of(tmp_path, workload.run) if r.kind == "receipt" and r.get("code")]
+    assert refused and all(r.get("code") == "stale_attempt" for r in refused)
