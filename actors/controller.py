@@ -147,6 +147,8 @@ class Controller(Actor):
         self._trained_groups: list[str] = []  # group ids the trainer consumed, in order
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
         self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
+        # Attempts lost with an agent process: fenced everywhere before their next attempts are dispatched.
+        self._unfenced: list[AttemptRef] = []
 
     # -- the admission gate and the stall clock ----------------------------------------------------
     @property
@@ -298,6 +300,27 @@ class Controller(Actor):
             for ref in refs:
                 self.ledger.retired(ref.rollout_id, ref.attempt)
                 self.counts["attempts_retired"] += 1
+        await self._fence(tuple(ref for refs in by_replica.values() for ref in refs))
+
+    async def _fence(self, refs: tuple[AttemptRef, ...]) -> None:
+        """Attempt N is refused everywhere before attempt N+1 is dispatched: the policy aborts its calls
+        and stages none of its tokens, resources end its session, TQ drops rows of it still on the way.
+        (Its agent stopped it, or died with it.) A participant that cannot be reached is named and
+        skipped: it was down, and what it had of the attempt is gone or comes back fenced by a restore."""
+        if not refs or self._config is None:
+            return
+        command = Retire(
+            checkpoint_id=f"fence-{stable_int(*refs) % 10**12}", deadline=time.time() + 10, attempts=refs
+        )
+        resources = [actor_address("resources", i) for i in range(self._config.topology.resources)]
+        for address in ("policy/0", *resources, "tq/0"):
+            try:
+                reply = await self.client.request(address, command)
+            except BrokerError as exc:
+                log.warning("fence_not_sent", participant=address, error=str(exc))
+                continue
+            if isinstance(reply, Error):
+                log.warning("fence_refused", participant=address, code=reply.code.value, detail=reply.detail)
 
     def _acknowledge(self, key: tuple[str, int]) -> None:
         replica = self._replica_of.get(key)
@@ -598,6 +621,9 @@ class Controller(Actor):
             if s.current.state is AttemptState.DISPATCHED and s.current.replica == replica
         ]
         for rollout in lost:
+            self._unfenced.append(
+                AttemptRef(rollout_id=rollout, attempt=self.ledger.sibling(rollout).current.index)
+            )
             self.ledger.restart_after_restore(rollout, continue_saved=False)
         self.counts["attempts_lost_with_replica"] += len(lost)
         self.history.record("replica_restarted", replica=replica, lost=lost)
@@ -734,6 +760,9 @@ class Controller(Actor):
     async def _dispatch_ready(self) -> None:
         assert self._config is not None
         config = self._config
+        if self._unfenced:
+            refs, self._unfenced = tuple(self._unfenced), []
+            await self._fence(refs)
         in_flight = self.ledger.in_flight()
         for sibling in self.ledger.reserved():
             if not self.gate_open or in_flight >= config.rollout.max_in_flight:

@@ -689,7 +689,7 @@ class SnapshotCoordinator:
                     )
                     self.controller.faults.reach(f"after_restore_{stage}")
                 fence = tuple(self.controller.fenced_at_restore)
-                for stage in ("agent", "policy", "resources"):
+                for stage in ("agent", "policy", "resources", "tq"):
                     await self._ask(
                         stage,
                         lambda _a: Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence),

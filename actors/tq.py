@@ -41,6 +41,12 @@ def logical_id(capture_key: str) -> str:
     return _ATTEMPT_SUFFIX.sub("", capture_key)
 
 
+def attempt_of(capture_key: str) -> tuple[str, int]:
+    """(logical rollout id, attempt) of a capture key (``g_g1-a2`` -> (``g_g1``, 2); no suffix: 0)."""
+    match = _ATTEMPT_SUFFIX.search(capture_key)
+    return (logical_id(capture_key), int(match[0][2:])) if match else (capture_key, 0)
+
+
 class TransferStore:
     """The rows themselves. Pure: the actor wraps it; save/load go to one directory."""
 
@@ -150,6 +156,10 @@ class TransferQueue(Participant):
 
     async def on_rows(self, message: Rows) -> None:
         for row in message.rows:
+            if attempt_of(row.capture_key) in self.retired:  # fenced: generated for an attempt given up on
+                self.counts["staging_fenced"] += 1
+                self.history.record("refused", ck=row.capture_key, i=row.turn, code="stale_attempt")
+                continue
             if self.store.add(row):
                 self.counts["staging_rows"] += 1
                 self.counts["turns_regenerated"] = self.store.turns_regenerated

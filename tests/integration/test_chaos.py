@@ -87,3 +87,17 @@ async def test_a_resources_server_killed_alone_loses_no_mutation(amqp_url: str, 
     assert workload.summary["mean_reward"] == 1.0
     refused = [r for r in history_of(tmp_path, workload.run) if r.kind == "receipt" and r.get("code")]
     assert refused and all(r.get("code") == "stale_attempt" for r in refused)
+
+
+async def test_an_agent_killed_alone_has_its_attempts_fenced_everywhere(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    # Found by the checker (fenced_attempts_stay_fenced): after an agent died, the policy kept generating
+    # its attempts' calls and TQ kept their rows after the controller had dispatched their next attempts.
+    plan = WorkloadPlan(0, 42, timed=[TimedFault(FaultKind.KILL_ACTOR, "agent/1", at_s=3.0)])
+    workload = await one_fault(tmp_path, amqp_url, plan)
+    records = history_of(tmp_path, workload.run)
+    [restarted] = [r for r in records if r.kind == "replica_restarted"]
+    assert restarted.get("lost"), "the agent died with rollouts running, or this case proves nothing"
+    fenced = {r.actor for r in records if r.kind == "fence" and r.t > restarted.t}
+    assert {"policy/0", "resources/0", "resources/1", "tq/0"} <= fenced
