@@ -38,6 +38,7 @@ from parkway.actors.snapshot_inventory import (
     skip_reason,
 )
 from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import actor_address, new_checkpoint_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import (
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("parkway.snapshots")
 
 RESUME_RETRIES = 5
+# Refusals that mean "this participant is not in the checkpoint": a protocol error from the process that
+# was, a lost checkpoint from one that restarted meanwhile.
+LOST_CHECKPOINT = frozenset({ErrorCode.INVALID_PHASE, ErrorCode.STALE_CHECKPOINT})
 
 
 class SnapshotInvalid(Exception):
@@ -205,11 +209,31 @@ class SnapshotCoordinator:
             if isinstance(reply, BaseException):
                 raise SnapshotFailure(step, f"{address}: {reply}", transient=True)
             if isinstance(reply, Error):
-                raise SnapshotFailure(
-                    step, f"{address}: {reply.code.value}: {reply.detail}", transient=reply.retryable
-                )
+                detail, transient = f"{address}: {reply.code.value}: {reply.detail}", reply.retryable
+                if reply.code in LOST_CHECKPOINT and await self._restarted(address):
+                    # Not a broken protocol: a new process that never saw this checkpoint (the one that
+                    # did may even have journaled its reply). A later snapshot fixes it.
+                    detail, transient = f"{detail} (it restarted during the snapshot)", True
+                raise SnapshotFailure(step, detail, transient=transient)
             answered[address] = reply
         return answered
+
+    async def _restarted(self, address: str) -> bool:
+        """Whether ``address`` is now another process than the one this controller knew."""
+        try:
+            reply = await self._request(
+                address, Status(checkpoint_id=new_checkpoint_id("alive"), deadline=time.time() + 5)
+            )
+        except SnapshotFailure:
+            return False
+        if not isinstance(reply, StatusReport):
+            return False
+        if reply.role == "agent":
+            return self.controller.observe(address, reply)  # its lost rollouts start again
+        incarnation = (reply.pid, reply.started_at)
+        known = self.controller._incarnations.setdefault(address, incarnation)
+        self.controller._incarnations[address] = incarnation
+        return known != incarnation
 
     async def _request(self, address: str, message: Message) -> Message:
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from parkway.actors.chaos import Options, run_chaos
-from parkway.actors.chaos_schedule import FaultKind, TimedFault, WorkloadPlan, quick_matrix
+from parkway.actors.chaos_schedule import ActorPoint, FaultKind, TimedFault, WorkloadPlan, quick_matrix
 from parkway.actors.history import read_history
 from parkway.actors.rabbit_node import rabbitmq_bin
 
@@ -101,3 +101,15 @@ async def test_an_agent_killed_alone_has_its_attempts_fenced_everywhere(
     assert restarted.get("lost"), "the agent died with rollouts running, or this case proves nothing"
     fenced = {r.actor for r in records if r.kind == "fence" and r.t > restarted.t}
     assert {"policy/0", "resources/0", "resources/1", "tq/0"} <= fenced
+
+
+async def test_an_agent_dead_after_journaling_its_prepare_reply_fails_one_snapshot_not_the_run(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    # Found by the harness (an unplanned controller exit): the new agent process replayed the journaled
+    # Prepared, then refused the Commit (invalid_phase), which the controller took for a broken protocol
+    # and ended the run. A participant that restarted during the snapshot is a transient failure.
+    plan = WorkloadPlan(0, 43, actor_points=[ActorPoint("agent/1", "after_reply_journaled:Prepare", 2)])
+    workload = await one_fault(tmp_path, amqp_url, plan)
+    assert workload.controllers == 1 and workload.notes == []
+    assert workload.summary is not None and workload.summary["snapshots_failed"] >= 1
