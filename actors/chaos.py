@@ -234,7 +234,7 @@ class Workload:
 
     # -- starting things ---------------------------------------------------------------------------
     def start_actor(self, address: str) -> Proc:
-        point = self.actor_points.pop(address, None)  # armed on its first process only
+        point = self.actor_points.get(address)  # armed on each process of it until it fires
         return self.cluster.start(address, point.spec if point is not None else "")
 
     def start_controller(self) -> Proc:
@@ -363,6 +363,7 @@ class Workload:
             if code is None:
                 continue
             if code == -signal.SIGKILL and proc.armed:
+                self.actor_points.pop(address, None)
                 point = proc.armed.split("@")[0]
                 self.inject(
                     FaultKind.KILL_ACTOR,

@@ -124,6 +124,7 @@ class Cell:
 
     kind: FaultKind
     step: str  # a controller point, an actor point, a save step (timed, at_step) or BETWEEN
+    target: str | None = None  # kill_actor: which participant (None: one drawn from the seed)
 
 
 def matrix(*, broker: bool) -> list[Cell]:
@@ -131,8 +132,8 @@ def matrix(*, broker: bool) -> list[Cell]:
     cells = [Cell(FaultKind.KILL_CONTROLLER, p) for p in SAVE_POINTS]
     cells += [Cell(FaultKind.KILL_CONTROLLER, p) for p in RESTORE_POINTS]
     cells += [Cell(FaultKind.KILL_CLUSTER, p) for p in SAVE_POINTS if p.startswith("after_")]
-    cells += [Cell(FaultKind.KILL_ACTOR, p) for p in ACTOR_POINTS]
-    cells += [Cell(FaultKind.KILL_ACTOR, BETWEEN)]
+    cells += [Cell(FaultKind.KILL_ACTOR, p, t) for p in ACTOR_POINTS for t in ("agent/1", "resources/0")]
+    cells += [Cell(FaultKind.KILL_ACTOR, BETWEEN, t) for t in ("tq/0", "policy/0", "resources/1", "agent/0")]
     for kind in (FaultKind.PAUSE_ACTOR, FaultKind.PAUSE_CLUSTER, *(BROKER_KINDS if broker else ())):
         cells += [Cell(kind, BETWEEN), Cell(kind, "prepare"), Cell(kind, "commit")]
     return cells
@@ -195,7 +196,7 @@ def plan_cells(cells: Sequence[Cell], seed: int, *, per_workload: int = 4) -> li
 
 def _conflicts(cell: Cell, taken: list[Cell]) -> bool:
     """Faults that would crowd each other out of one workload: two broker faults, a third controller
-    kill at a save point (each one costs a restore), two kills of one actor kind."""
+    kill at a save point (each one costs a restore), a third actor kill or a second of one actor."""
     kinds = [c.kind for c in taken]
     if cell.kind in BROKER_KINDS and any(k in BROKER_KINDS for k in kinds):
         return True
@@ -203,7 +204,10 @@ def _conflicts(cell: Cell, taken: list[Cell]) -> bool:
     saves = sum(1 for c in taken if c.kind in controller and c.step not in RESTORE_POINTS)
     if cell.kind in controller and cell.step not in RESTORE_POINTS and saves >= 2:
         return True
-    return cell.kind is FaultKind.KILL_ACTOR and FaultKind.KILL_ACTOR in kinds
+    if cell.kind is FaultKind.KILL_ACTOR:
+        kills = [c for c in taken if c.kind is FaultKind.KILL_ACTOR]
+        return len(kills) >= 2 or any(c.target is None or c.target == cell.target for c in kills)
+    return False
 
 
 def _add(plan: WorkloadPlan, cell: Cell, rng: random.Random) -> None:
@@ -213,11 +217,11 @@ def _add(plan: WorkloadPlan, cell: Cell, rng: random.Random) -> None:
             ControllerPoint(cell.step, nth, cluster=cell.kind is FaultKind.KILL_CLUSTER)
         )
     elif cell.kind is FaultKind.KILL_ACTOR and cell.step != BETWEEN:
-        address = rng.choice(PARTICIPANTS)
+        address = cell.target or rng.choice(PARTICIPANTS)
         plan.actor_points.append(ActorPoint(address, cell.step, rng.randint(2, 4)))
     else:
         target = {
-            FaultKind.KILL_ACTOR: lambda: rng.choice(PARTICIPANTS),
+            FaultKind.KILL_ACTOR: lambda: cell.target or rng.choice(PARTICIPANTS),
             FaultKind.PAUSE_ACTOR: lambda: rng.choice((*PARTICIPANTS, "controller")),
             FaultKind.PAUSE_CLUSTER: lambda: "cluster",
             FaultKind.BROKER_RESTART: lambda: "broker",
@@ -338,9 +342,10 @@ def _step_order(step: str) -> tuple[int, str]:
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     """The table as Markdown."""
-    lines = ["| fault | protocol step | runs | workloads | outcome |", "|---|---|---:|---:|---|"]
+    lines = ["| fault | protocol step | on | runs | workloads | outcome |", "|---|---|---|---:|---:|---|"]
     for row in rows:
+        on = ", ".join(row["targets"])
         lines.append(
-            f"| {row['fault']} | {row['step']} | {row['runs']} | {row['workloads']} | {row['outcome']} |"
+            f"| {row['fault']} | {row['step']} | {on} | {row['runs']} | {row['workloads']} | {row['outcome']} |"
         )
     return "\n".join(lines)

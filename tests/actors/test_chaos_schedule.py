@@ -35,6 +35,8 @@ def cells_of(plans) -> list[tuple[str, str]]:
 
 def test_the_full_matrix_covers_every_step_of_save_and_restore_for_controller_kills() -> None:
     cells = {(c.kind, c.step) for c in matrix(broker=True)}
+    killed = {c.target for c in matrix(broker=True) if c.kind is FaultKind.KILL_ACTOR}
+    assert {t.split("/")[0] for t in killed if t} == {"tq", "policy", "resources", "agent"}
     assert {(FaultKind.KILL_CONTROLLER, p) for p in SAVE_POINTS + RESTORE_POINTS} <= cells
     assert len(SAVE_POINTS) == 22  # 11 save steps, at the start and at the end of each
     assert all(kind in {c.kind for c in matrix(broker=True)} for kind in FaultKind)
@@ -61,14 +63,17 @@ def test_a_restore_point_follows_a_controller_kill_in_its_workload() -> None:
                 assert index > 0 and points[index - 1] not in RESTORE_POINTS, plan.describe()
 
 
-def test_a_workload_gets_at_most_one_broker_fault_and_two_save_kills() -> None:
+def test_a_workload_gets_at_most_one_broker_fault_two_save_kills_and_two_actor_kills() -> None:
     for plan in plan_cells(matrix(broker=True), seed=11) + [
         random_plan(i, 4, broker=True) for i in range(50)
     ]:
         brokers = [t for t in plan.timed if t.kind in (FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL)]
         save_kills = [p for p in plan.controller_points if p.point not in RESTORE_POINTS]
         assert len(brokers) <= 1 and len(save_kills) <= 2, plan.describe()
-        assert len(plan.actor_points) <= 1
+        killed = [p.address for p in plan.actor_points] + [
+            t.target for t in plan.timed if t.kind is FaultKind.KILL_ACTOR
+        ]
+        assert len(killed) <= 2 and len(set(killed)) == len(killed), plan.describe()
 
 
 def test_random_plans_are_seeded() -> None:
@@ -116,5 +121,6 @@ def test_the_table_counts_runs_and_fails_a_cell_whose_workload_failed() -> None:
         ("pause_actor", "during prepare", 1, 1, "FAIL (workload 1)"),
     ]
     text = render_table(rows)
-    assert text.splitlines()[0] == "| fault | protocol step | runs | workloads | outcome |"
-    assert "| kill_controller | after_commit | 2 | 2 | FAIL (workload 1) |" in text
+    assert text.splitlines()[0] == "| fault | protocol step | on | runs | workloads | outcome |"
+    assert "| kill_controller | after_commit | controller | 2 | 2 | FAIL (workload 1) |" in text
+    assert "| pause_actor | during prepare | tq/0 | 1 | 1 | FAIL (workload 1) |" in text
