@@ -535,12 +535,25 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
+def usage_error(args: Any) -> str | None:
+    """What is wrong with the command line, or None."""
+    if args.minutes is not None and not args.minutes > 0:
+        return f"--minutes {args.minutes}: want a number of minutes more than 0"
+    if args.workloads is not None and args.workloads < 1:
+        return f"--workloads {args.workloads}: want at least 1"
+    if not args.workload_timeout > 0:
+        return f"--workload-timeout {args.workload_timeout}: want a number of seconds more than 0"
+    if not 1 <= args.tasks <= 4:
+        return f"--tasks {args.tasks}: want 1 to 4 (the built-in bank tasks, 3 rollouts each)"
+    if args.minutes is not None and args.full:
+        return "--minutes draws its workloads from the full matrix already; drop --full"
+    return None
+
+
 def command(args: Any) -> int:
-    if args.minutes is not None and args.minutes <= 0:
-        print("parkway: chaos: --minutes must be more than 0", file=sys.stderr)
-        return 2
-    if args.tasks < 1 or args.tasks > 4:
-        print("parkway: chaos: --tasks is 1 to 4 (the built-in bank tasks)", file=sys.stderr)
+    problem = usage_error(args)
+    if problem is not None:
+        print(f"parkway: chaos: {problem}", file=sys.stderr)
         return 2
     options = Options(
         seed=args.seed,
