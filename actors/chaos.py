@@ -335,6 +335,11 @@ class Workload:
             except (OSError, json.JSONDecodeError) as exc:
                 self.result.error = f"the controller's summary is not JSON: {exc}"
             return True
+        summary = self._summary() if code == 1 else None
+        if summary is not None:  # it finished its run, with rollouts that failed for good
+            self.result.summary = summary
+            self.result.error = f"the run finished with {summary.get('rollouts_failed')} rollouts failed"
+            return True
         point = self.controller_points[0] if self.controller_points else None
         if code == -signal.SIGKILL and point is not None and proc.armed == point.spec:
             self.controller_points.pop(0)
@@ -355,6 +360,14 @@ class Workload:
                 )
         self.start_controller()
         return False
+
+    def _summary(self) -> dict[str, Any] | None:
+        """The summary the controller printed, if it printed one (it finished its run)."""
+        try:
+            summary = json.loads(self.cluster.summary_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return summary if isinstance(summary, dict) else None
 
     async def _check_actors(self, client: Client) -> None:
         for address in PARTICIPANTS:
