@@ -105,6 +105,16 @@ class RunSummary(msgspec.Struct, kw_only=True):
     tool_calls_by_resources: dict[str, int]
 
 
+def dead_attempts(ledger: Ledger) -> list[AttemptRef]:
+    """Attempts of a restored ledger that must stay refused: the failed, abandoned and retired ones. A
+    restore replaces every participant's fences with these (and the running ones it restarts): the
+    fences of the cluster that died may name attempt numbers the restored ledger gives out again."""
+    dead = (AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.RETIRED)
+    return [
+        AttemptRef(rollout_id=s.rollout_id, attempt=a.index) for s, a in ledger.attempts() if a.state in dead
+    ]
+
+
 def stable_int(*parts: object) -> int:
     """A seed that is the same in every process and run (Python's hash() is salted per process)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
@@ -580,7 +590,10 @@ class Controller(Actor):
 
     def _redo_groups_after_restore(self, ledger: Ledger) -> list[EpisodeRef]:
         """``prompt_group`` level: a group with any rollout unfinished at the snapshot starts over whole."""
-        self.fenced_at_restore = [AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())]
+        self.fenced_at_restore = dead_attempts(ledger)
+        self.fenced_at_restore += [
+            AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())
+        ]
         groups = sorted({ledger.group_of(r).group_id for r, _ in ledger.dispatched()})
         for group_id in groups:
             ledger.redo_group_after_restore(group_id)
@@ -670,7 +683,7 @@ class Controller(Actor):
             return self._redo_groups_after_restore(ledger)
         keep_turns = self._config.recovery.target_level in ("turn", "prefix")
         continued = []
-        self.fenced_at_restore = []
+        self.fenced_at_restore = dead_attempts(ledger)
         for rollout, attempt in sorted(ledger.dispatched()):
             self.fenced_at_restore.append(AttemptRef(rollout_id=rollout, attempt=attempt))
             replica = ledger.sibling(rollout).current.replica or 0

@@ -223,6 +223,9 @@ class Participant(Actor):
 
     async def on_restore(self, command: Restore) -> Message:
         self.phases.check(Event.RESTORE, command.checkpoint_id, now=time.time(), deadline=command.deadline)
+        # The fences of the timeline that died go: they may name attempt numbers the restored ledger
+        # gives out again. The controller fences the restored timeline's dead attempts right after.
+        self.retired.clear()
         rollouts = await self.install_snapshot(self.participant_dir(command.location), command)
         self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
         self._ended[command.checkpoint_id] = asyncio.Event()

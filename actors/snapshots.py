@@ -73,9 +73,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("parkway.snapshots")
 
 RESUME_RETRIES = 5
-# Refusals that mean "this participant is not in the checkpoint": a protocol error from the process that
-# was, a lost checkpoint from one that restarted meanwhile.
-LOST_CHECKPOINT = frozenset({ErrorCode.INVALID_PHASE, ErrorCode.STALE_CHECKPOINT})
 
 
 class SnapshotInvalid(Exception):
@@ -188,6 +185,7 @@ class SnapshotCoordinator:
         self.config_fingerprint = config_fingerprint(config)
         self._last_progress: tuple[Any, ...] | None = None
         self.on_published: Callable[[Path], None] | None = None  # a test hook
+        self._began = 0.0  # when the snapshot (or restore) in progress began: a process started since is new
 
     # -- who -----------------------------------------------------------------------------------------
     def addresses(self, role: str) -> list[str]:
@@ -210,7 +208,11 @@ class SnapshotCoordinator:
                 raise SnapshotFailure(step, f"{address}: {reply}", transient=True)
             if isinstance(reply, Error):
                 detail, transient = f"{address}: {reply.code.value}: {reply.detail}", reply.retryable
-                if reply.code in LOST_CHECKPOINT and await self._restarted(address):
+                if reply.code is ErrorCode.STALE_CHECKPOINT:
+                    # It ended this id on its own: its lease lapsed while this controller was slow (or
+                    # stopped). A timeout, which the next snapshot retries.
+                    detail, transient = f"{detail} (its lease lapsed)", True
+                elif reply.code is ErrorCode.INVALID_PHASE and await self._restarted(address):
                     # Not a broken protocol: a new process that never saw this checkpoint (the one that
                     # did may even have journaled its reply). A later snapshot fixes it.
                     detail, transient = f"{detail} (it restarted during the snapshot)", True
@@ -219,7 +221,7 @@ class SnapshotCoordinator:
         return answered
 
     async def _restarted(self, address: str) -> bool:
-        """Whether ``address`` is now another process than the one this controller knew."""
+        """Whether ``address`` is a process that started after this snapshot (or restore) began."""
         try:
             reply = await self._request(
                 address, Status(checkpoint_id=new_checkpoint_id("alive"), deadline=time.time() + 5)
@@ -229,11 +231,8 @@ class SnapshotCoordinator:
         if not isinstance(reply, StatusReport):
             return False
         if reply.role == "agent":
-            return self.controller.observe(address, reply)  # its lost rollouts start again
-        incarnation = (reply.pid, reply.started_at)
-        known = self.controller._incarnations.setdefault(address, incarnation)
-        self.controller._incarnations[address] = incarnation
-        return known != incarnation
+            self.controller.observe(address, reply)  # a new process: its lost rollouts start again
+        return reply.started_at >= self._began
 
     async def _request(self, address: str, message: Message) -> Message:
         try:
@@ -294,6 +293,7 @@ class SnapshotCoordinator:
         """One snapshot attempt: the path published, or None when skipped. Raises SnapshotFailure.
         ``force`` takes it even when nothing moved (a trainer checkpoint needs its own snapshot)."""
         cid = new_checkpoint_id("ck")
+        self._began = time.time()
         seq = (list_snapshots(self.run_dir)[-1][0] + 1) if list_snapshots(self.run_dir) else 1
         tmp = self.run_dir / f"tmp_{cid}"
         deadline = time.time() + self.config.prepare_timeout_s
@@ -678,6 +678,7 @@ class SnapshotCoordinator:
             return False
         path, manifest = selected
         rid = new_checkpoint_id("rs")
+        self._began = time.time()
         with structlog.contextvars.bound_contextvars(checkpoint_id=rid):
             log.info("restore_started", snapshot=path.name, saved_checkpoint=manifest["checkpoint_id"])
             self.controller.history.record(
@@ -713,17 +714,18 @@ class SnapshotCoordinator:
                     )
                     self.controller.faults.reach(f"after_restore_{stage}")
                 fence = tuple(self.controller.fenced_at_restore)
-                for stage in ("agent", "policy", "resources", "tq"):
-                    await self._ask(
-                        stage,
-                        lambda _a: Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence),
-                        "fence",
-                    )
+
+                def retire(_: str) -> Retire:
+                    return Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence)
+
+                for stage in ("agent", "policy", "resources"):
+                    await self._ask(stage, retire, "fence")
                 await self._ask(
                     "tq",
                     lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name, epoch=epoch),
                     "restore_tq",
                 )
+                await self._ask("tq", retire, "fence")  # after its restore, which drops the old fences
                 # From here on attempt N of every restored rollout is fenced on every participant (TQ's
                 # store replaced by the snapshot's), and attempt N+1 exists.
                 self.controller.history.record(
