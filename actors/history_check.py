@@ -486,27 +486,40 @@ def check_mutations_exactly_once(records: list[Record], controllers: list[Incarn
 
 
 def check_fenced_attempts(records: list[Record]) -> CheckResult:
+    """One sweep in time order over the timeline that is live: a dispatch of attempt N+1 (or a restore's
+    fence of N) supersedes N; an acceptance of a superseded attempt is a violation. A restore rolls the
+    timeline back to its snapshot: what the dead controller dispatched after that snapshot's capture
+    no longer exists (the restored ledger gives those numbers out again). Between a controller's death
+    and the next restore's fence nothing is judged: the restore stops and fences what ran meanwhile."""
     result = CheckResult("fenced_attempts_stay_fenced", "")
-    # When a newer attempt of each (rollout, attempt) first existed, and the record that made it exist.
-    superseded: dict[tuple[str, int], Record] = {}
+    captured_at = {
+        str(r.fields["cid"]): r.t for r in records if r.role == "controller" and r.kind == "captured"
+    }
+    superseded: dict[tuple[str, int], Record] = {}  # (rollout, attempt) -> the record that superseded it
+    controller: str | None = None  # the incarnation whose timeline is live; None between two
+    accepted = fenced = 0
 
     def supersede(rollout: str, attempt: int, record: Record) -> None:
         for older in range(attempt):
-            key = (rollout, older)
-            if key not in superseded or superseded[key].t > record.t:
-                superseded[key] = record
+            superseded.setdefault((rollout, older), record)
 
     for record in records:
-        if record.role != "controller":
-            continue
-        if record.kind == "dispatch":
-            supersede(str(record.fields["r"]), int(record.fields["a"]), record)
-        elif record.kind == "fenced":
-            for rollout, attempt in record.fields.get("attempts") or ():
-                supersede(str(rollout), int(attempt) + 1, record)
-    accepted = 0
-    for record in records:
-        if (record.role, record.kind) not in ACCEPTANCES:
+        if record.role == "controller":
+            if record.kind == "started":
+                controller = None  # a new controller: the old timeline is over, the new one not yet set
+            elif record.kind == "fenced":
+                cut = captured_at.get(str(record.fields["saved_cid"]), record.t)
+                superseded = {k: v for k, v in superseded.items() if v.t <= cut}
+                for rollout, attempt in record.fields.get("attempts") or ():
+                    supersede(str(rollout), int(attempt) + 1, record)
+                controller, fenced = record.inc, fenced + 1
+            elif record.kind == "run_started" and not record.fields.get("restored"):
+                superseded, controller = {}, record.inc  # a fresh ledger
+            elif record.kind == "dispatch" and record.inc == controller:
+                supersede(str(record.fields["r"]), int(record.fields["a"]), record)
+            if record.kind != "seal" or record.inc != controller:
+                continue  # of the controller's records only its seals accept something
+        if (record.role, record.kind) not in ACCEPTANCES or controller is None:
             continue
         if record.kind == "run" and record.fields.get("outcome") != "accepted":
             continue
@@ -525,7 +538,10 @@ def check_fenced_attempts(records: list[Record]) -> CheckResult:
                     about[0],
                 )
             )
-    result.detail = f"{accepted} acceptances checked against {len(superseded)} superseded attempts"
+    result.detail = (
+        f"{accepted} acceptances checked against {len(superseded)} superseded attempts, "
+        f"{fenced} restores rolled the timeline back"
+    )
     return result
 
 

@@ -38,12 +38,17 @@ class Builder:
         self.n: dict[tuple[str, str], int] = defaultdict(int)
         self.snapshots: dict[str, list[str]] = {}
 
-    def add(self, actor: str, kind: str, inc: str = "1", **fields: object) -> Record:
-        self.t += 0.01
+    def add(
+        self, actor: str, kind: str, inc: str = "1", *, at: float | None = None, **fields: object
+    ) -> Record:
+        """A record 0.01 s after the last one, or ``at`` that time (then kept in time order)."""
+        if at is None:
+            self.t += 0.01
         self.n[(actor, inc)] += 1
         pid = int(inc.split(".")[0])
-        record = Record(self.t, self.n[(actor, inc)], kind, actor, pid, inc, dict(fields))
+        record = Record(at or self.t, self.n[(actor, inc)], kind, actor, pid, inc, dict(fields))
         self.records.append(record)
+        self.records.sort(key=lambda r: r.t)
         return record
 
     def turn(self, rollout: str, attempt: int, index: int, *, inc: str = "1", mutation: bool = True) -> None:
@@ -279,6 +284,29 @@ def test_a_fenced_attempt_accepted_after_the_restore_fails_fenced_attempts_stay_
     fenced = next(r for r in b.records if r.kind == "fenced")
     b.t = fenced.t + 0.0001
     b.add("policy/0", "generate", r="t0000_g1", a=0, i=1)  # attempt 0 is fenced: the policy must refuse it
+    verdict = check(b.history())
+    assert failed_checks(verdict) == ["fenced_attempts_stay_fenced"]
+    assert "policy/0 accepted generate of t0000_g1 attempt 0" in messages(
+        verdict, "fenced_attempts_stay_fenced"
+    )
+
+
+def test_an_attempt_number_the_dead_controller_used_is_the_restored_ledgers_again() -> None:
+    # Found by parkway chaos: the dead controller had dispatched attempt 1 of t0000_g1 after the
+    # snapshot; the restore rolled the ledger back and gave attempt 1 to the rollout's continuation.
+    # That attempt is not superseded: the dead timeline's dispatches after the capture no longer exist.
+    b = crashed_after_snapshot(seal_again="t0000_g1")
+    lost = next(r for r in b.records if r.kind == "seal" and r.inc == "1" and r.fields["r"] == "t0000_g1")
+    t = lost.t  # after the capture, before the controller died (0.01 s later)
+    b.add("controller/0", "dispatch", "1", at=t + 0.001, r="t0000_g1", a=1, epoch=1, replica=0)
+    b.add("controller/0", "dispatch", "1", at=t + 0.002, r="t0000_g1", a=2, epoch=1, replica=0)
+    b.add("agent/0", "run", at=t + 0.003, r="t0000_g1", a=2, epoch=1, outcome="accepted")
+    verdict = check(b.history())
+    assert verdict.ok, verdict.report()
+    fenced = next(c for c in verdict.checks if c.name == "fenced_attempts_stay_fenced")
+    assert fenced.detail.endswith("1 restores rolled the timeline back")
+    # ... while in the dead timeline itself, attempt 0 accepted after attempt 1 existed is still caught.
+    b.add("policy/0", "generate", at=t + 0.004, r="t0000_g1", a=0, i=5)
     verdict = check(b.history())
     assert failed_checks(verdict) == ["fenced_attempts_stay_fenced"]
     assert "policy/0 accepted generate of t0000_g1 attempt 0" in messages(
