@@ -29,6 +29,7 @@ import structlog
 from parkway.actors.runtime import Actor
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.messages import (
+    CONTROL_COMMANDS,
     Abort,
     AttemptRef,
     Capabilities,
@@ -59,6 +60,7 @@ from parkway.protocol.phases import (
 log = structlog.get_logger("parkway.participant")
 
 REPLY_MARGIN_S = 0.25
+CONTROL_TYPES = frozenset(command.__name__ for command in CONTROL_COMMANDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,9 +225,13 @@ class Participant(Actor):
 
     async def on_restore(self, command: Restore) -> Message:
         self.phases.check(Event.RESTORE, command.checkpoint_id, now=time.time(), deadline=command.deadline)
-        # The fences of the timeline that died go: they may name attempt numbers the restored ledger
-        # gives out again. The controller fences the restored timeline's dead attempts right after.
+        # What this process remembers of the timeline that died goes: its fences and its cached replies
+        # to data messages (model calls, tool calls, seals) may name attempt numbers the restored
+        # ledger gives out again, and a cached reply would answer the new attempt without doing its
+        # work (no staging row, no mutation). The controller fences the restored timeline's dead
+        # attempts right after; replies to control commands stay (a resent command gets its answer).
         self.retired.clear()
+        self.replies.evict_all(keep=CONTROL_TYPES)
         rollouts = await self.install_snapshot(self.participant_dir(command.location), command)
         self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
         self._ended[command.checkpoint_id] = asyncio.Event()

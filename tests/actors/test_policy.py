@@ -36,6 +36,8 @@ from parkway.protocol.messages import (
     Ok,
     Prepare,
     Prepared,
+    Restore,
+    Restored,
     Resume,
     Retire,
     Rows,
@@ -282,6 +284,25 @@ async def test_a_restore_drops_the_calls_in_flight_without_fencing_their_attempt
     again = await cluster.generate(call_index=2, rollout_id="g_g7", attempt=1)  # the restored attempt 1
     assert isinstance(again, Generated) and again.call_index == 2
     assert ("g_g7", 1) not in cluster.policy.retired
+
+
+async def test_a_restore_forgets_the_replies_of_the_timeline_that_died(make_cluster) -> None:
+    # Found by parkway chaos: a live policy answered the restored ledger's attempt 2 (a number the dead
+    # controller had used too) from its reply cache, so no staging row reached the restored TQ, every
+    # snapshot failed validation, and each restore ran into the same cached reply again.
+    cluster = await make_cluster()
+    await cluster.control(Prepare(checkpoint_id="ck-f", deadline=soon()))
+    await cluster.commit_and_resume("ck-f")
+    first = await cluster.generate(call_index=0, rollout_id="g_g8", attempt=2)  # the dead timeline's
+    assert isinstance(first, Generated)
+    staged, _ = await asyncio.wait_for(cluster.rows.get(), 5)
+    restore = Restore(checkpoint_id="rs-f", deadline=soon(), location="tmp_ck-f")
+    assert isinstance(await cluster.control(restore), Restored)
+    assert await cluster.control(Resume(checkpoint_id="rs-f", deadline=soon())) == Ok(detail="resumed")
+    again = await cluster.generate(call_index=0, rollout_id="g_g8", attempt=2)  # the restored ledger's
+    assert isinstance(again, Generated)
+    restaged, _ = await asyncio.wait_for(cluster.rows.get(), 5)  # generated and staged again
+    assert restaged == staged and cluster.policy.counts["model_calls"] == 2
 
 
 async def test_stop_leaves_calls_at_the_closed_gate_for_redelivery(make_cluster) -> None:
