@@ -29,7 +29,7 @@ from parkway.actors.participant import ParkReport, Participant
 from parkway.actors.programs import PROGRAMS
 from parkway.actors.rollout import RolloutContext, RolloutFailure, ToolOutcome
 from parkway.actors.transcript import ModelStep, SavedRollout, ToolStep, prompt_digest
-from parkway.brokers.base import BrokerError
+from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import capture_key
 from parkway.protocol.messages import (
@@ -56,6 +56,8 @@ log = structlog.get_logger("parkway.agent")
 
 AttemptKey = tuple[str, int]
 CALL_TIMEOUT_S = 600.0  # a model or tool call that takes longer is a failure of the attempt
+# Pauses before a call is sent again after a broker error (its reply was lost with the connection).
+TRANSPORT_RETRIES_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
 PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL})
@@ -139,6 +141,7 @@ class Agent(Participant):
         key = (run.rollout_id, run.attempt)
         if run.epoch < self.epoch or key in self.retired:
             self.counts["runs_stale"] += 1  # from an older controller incarnation, or a replaced attempt
+            self.history.record("run", r=run.rollout_id, a=run.attempt, epoch=run.epoch, outcome="stale")
             return
         self.epoch = run.epoch
         if (
@@ -147,8 +150,17 @@ class Agent(Participant):
             or self.latest_attempt.get(run.rollout_id, -1) > run.attempt
         ):
             self.counts["runs_duplicate"] += 1  # redelivered: the attempt exists or was replaced
+            self.history.record("run", r=run.rollout_id, a=run.attempt, epoch=run.epoch, outcome="duplicate")
             return
         self.latest_attempt[run.rollout_id] = run.attempt
+        self.history.record(
+            "run",
+            r=run.rollout_id,
+            a=run.attempt,
+            epoch=run.epoch,
+            outcome="accepted",
+            continue_from=run.task.get("continue_from"),
+        )
         live = LiveRollout(run)
         if "continue_from" in run.task:
             live.replay = self.continuations.pop(run.rollout_id, None)
@@ -167,6 +179,7 @@ class Agent(Participant):
         for ref in ack.receipts:
             if self.unacked.pop((ref.rollout_id, ref.attempt), None) is not None:
                 self.counts["receipts_acked"] += 1
+                self.history.record("acked", r=ref.rollout_id, a=ref.attempt)
 
     async def on_retire(self, command: Retire) -> Message:
         stopped = 0
@@ -177,7 +190,7 @@ class Agent(Participant):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
                 stopped += 1
-        await super().on_retire(command)
+        await super().on_retire(command)  # records the fence
         return Ok(detail=f"stopped {stopped} of {len(command.attempts)}")
 
     # -- checkpoint hooks ------------------------------------------------------------------------
@@ -234,6 +247,15 @@ class Agent(Participant):
             self.continuations[item.run.rollout_id] = item
             self.latest_attempt[item.run.rollout_id] = attempt  # attempt N+1 may start; N is fenced
             restored.append(AttemptRef(rollout_id=item.run.rollout_id, attempt=attempt))
+            self.history.record(
+                "continuation",
+                r=item.run.rollout_id,
+                a=attempt,
+                saved_attempt=item.run.attempt,
+                kept_model=len(item.model),
+                kept_tools=len(item.tools),
+            )
+        self.history.record("restored", epoch=command.epoch, stopped=len(zombies), continuing=len(restored))
         return tuple(restored)
 
     # -- one attempt ---------------------------------------------------------------------------
@@ -280,6 +302,7 @@ class Agent(Participant):
                 log.info("rollout_completed", turns=ctx.turns, reward=reward)
             except asyncio.CancelledError:
                 self.counts["rollouts_retired"] += 1
+                self.history.record("stopped", r=run.rollout_id, a=run.attempt, turns=ctx.turns)
                 log.info("rollout_stopped", turns=ctx.turns)  # a turn in progress stays unfinished
                 await self._release(run, ck, resources, ctx.tool_calls)
                 raise
@@ -291,6 +314,14 @@ class Agent(Participant):
                 receipt = self._failed(run, "agent_error", f"{type(exc).__name__}: {exc}", ctx)
                 await self._release(run, ck, resources, ctx.tool_calls)
             self.unacked[key] = (receipt, time.monotonic())
+            self.history.record(
+                "receipt",
+                r=run.rollout_id,
+                a=run.attempt,
+                of="completed" if isinstance(receipt, Completed) else "failed",
+                code=getattr(receipt, "code", None),
+                turns=receipt.turns,
+            )
             await self._send_receipt(receipt)
 
     def _failed(self, run: Run, code: str, detail: str, ctx: RolloutContext) -> Failed:
@@ -350,6 +381,7 @@ class Agent(Participant):
             self._start_turn(live, index, replayed=True)
             live.model.append(step)
             self.counts["model_calls_replayed"] += 1
+            self.history.record("model_replayed", r=run.rollout_id, a=run.attempt, i=index)
             return Generated(
                 rollout_id=run.rollout_id,
                 attempt=run.attempt,
@@ -370,6 +402,7 @@ class Agent(Participant):
         )
         self._start_turn(live, index, replayed=False)
         self._set_state(live, AWAITING_MODEL)  # parked at the boundary just passed
+        self.history.record("model_call", r=run.rollout_id, a=run.attempt, i=index)
         # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at its
         # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation
         # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
@@ -381,6 +414,7 @@ class Agent(Participant):
         await self._released.wait()
         if not isinstance(reply, Generated):
             raise RolloutFailure("policy_error", f"unexpected reply {type(reply).__name__}")
+        self.history.record("model_reply", r=run.rollout_id, a=run.attempt, i=index)
         live.model.append(
             ModelStep(
                 prompt_sha256=digest,
@@ -403,6 +437,7 @@ class Agent(Participant):
                 raise RolloutFailure("replay_diverged", f"tool call {index} differs from the saved one")
             live.tools.append(step)
             self.counts["tool_calls_replayed"] += 1
+            self.history.record("tool_replayed", r=run.rollout_id, a=run.attempt, i=index, tool=tool)
             return ToolOutcome(step.ok, dict(step.output))
         call = ToolCall(
             rollout_id=run.rollout_id,
@@ -414,22 +449,39 @@ class Agent(Participant):
             seed=run.seed,
         )
         self._set_state(live, IN_TOOL)
+        self.history.record("tool_call", r=run.rollout_id, a=run.attempt, i=index, tool=tool, to=resources)
         try:
             reply = await self._request(resources, call, f"{ck}:t{index}")
         finally:
             self._set_state(live, RUNNING)
         if not isinstance(reply, ToolResult):
             raise RolloutFailure("resources_error", f"unexpected reply {type(reply).__name__}")
+        self.history.record(
+            "tool_result", r=run.rollout_id, a=run.attempt, i=index, ok=reply.ok, rev=reply.revision
+        )
         live.tools.append(ToolStep(tool=tool, arguments=arguments, ok=reply.ok, output=dict(reply.output)))
         return ToolOutcome(reply.ok, dict(reply.output))
 
     async def _request(self, address: str, message: Message, correlation_id: str) -> Message:
-        try:
-            reply = await self.client.request(
-                address, message, correlation_id=correlation_id, deadline=time.time() + CALL_TIMEOUT_S
-            )
-        except (ProtocolError, BrokerError, OSError) as exc:
-            raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+        """One model or tool call. A transport failure (the broker connection lost, the reply with it)
+        sends the same call again: each is idempotent by its key (a model call's request id gives the
+        same tokens, a tool call's (attempt, index) is applied once), so the rollout keeps its turns."""
+        for pause in (*TRANSPORT_RETRIES_S, None):
+            try:
+                reply = await self.client.request(
+                    address, message, correlation_id=correlation_id, deadline=time.time() + CALL_TIMEOUT_S
+                )
+                break
+            except RequestTimeout as exc:
+                raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+            except (BrokerError, OSError) as exc:
+                if pause is None:
+                    raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+                self.counts["calls_resent"] += 1
+                log.warning("call_resent", to=address, correlation_id=correlation_id, error=str(exc))
+                await asyncio.sleep(pause)
+            except ProtocolError as exc:
+                raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
         if isinstance(reply, Error):
             raise RolloutFailure(reply.code.value, f"{address}: {reply.detail}")
         return reply

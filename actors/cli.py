@@ -6,6 +6,7 @@ parkway publish    send one signed command to an actor and print its typed reply
 parkway status     ask actors for their status
 parkway logs       every actor's log lines (of one checkpoint id, actor, rollout), live or from saved files
 parkway report     a run's timeline (rollouts, turns, snapshot pauses, crash, restore) as PNG and HTML
+parkway chaos      the nemesis: seeded faults over a real cluster of processes, each run history-checked
 parkway dead-letters   take messages off the run's dead-letter queue and print them
 parkway snapshots  list, show or verify the snapshots on disk (list|show|verify)
 parkway sign       print the signature headers for a body (for rabbitmqadmin and other clients)
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from parkway.actors import cluster_status, progress, report
+from parkway.actors import chaos, cluster_status, progress, report
 from parkway.actors.client import Client
 from parkway.actors.config import ConfigError
 from parkway.actors.config import load as load_config
@@ -200,6 +201,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="draw a run's timeline from its log lines: RUN.png and RUN.html")
     report.add_arguments(p)
     p.set_defaults(func=report.command)
+
+    p = sub.add_parser(
+        "chaos", help="kill, pause and restart a real cluster on a seeded schedule; check every history"
+    )
+    chaos.add_arguments(p)
+    p.set_defaults(func=chaos.command)
 
     p = sub.add_parser("dead-letters", help="take messages off the run's dead-letter queue and print them")
     common(p)

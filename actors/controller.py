@@ -109,6 +109,16 @@ class RunSummary(msgspec.Struct, kw_only=True):
     tool_calls_by_resources: dict[str, int]
 
 
+def dead_attempts(ledger: Ledger) -> list[AttemptRef]:
+    """Attempts of a restored ledger that must stay refused: the failed, abandoned and retired ones. A
+    restore replaces every participant's fences with these (and the running ones it restarts): the
+    fences of the cluster that died may name attempt numbers the restored ledger gives out again."""
+    dead = (AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.RETIRED)
+    return [
+        AttemptRef(rollout_id=s.rollout_id, attempt=a.index) for s, a in ledger.attempts() if a.state in dead
+    ]
+
+
 def stable_int(*parts: object) -> int:
     """A seed that is the same in every process and run (Python's hash() is salted per process)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
@@ -156,6 +166,9 @@ class Controller(Actor):
         self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
         self._trained_groups: list[str] = []  # group ids the trainer consumed, those still in play
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
+        self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
+        # Attempts lost with an agent process: fenced everywhere before their next attempts are dispatched.
+        self._unfenced: list[AttemptRef] = []
 
     # -- the admission gate and the stall clock ----------------------------------------------------
     @property
@@ -207,8 +220,20 @@ class Controller(Actor):
             outcome = self.ledger.seal(
                 receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns
             )
+            self.history.record(
+                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="completed", outcome=outcome.value
+            )
             if outcome is SealOutcome.SEALED:
                 self.counts["rollouts_sealed"] += 1
+                self.seals += 1
+                self.history.record(
+                    "seal",
+                    r=receipt.rollout_id,
+                    a=receipt.attempt,
+                    ck=receipt.capture_key,
+                    reward=receipt.reward,
+                    seq=self.seals,
+                )
                 log.info(
                     "sealed",
                     rollout_id=receipt.rollout_id,
@@ -230,8 +255,21 @@ class Controller(Actor):
         """A failed attempt, reported by its agent or found stalled: redone by its group's granularity."""
         if not self.ledger.knows(receipt.rollout_id):
             self.counts["receipts_stale"] += 1
+            self.history.record(
+                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="failed", outcome="stale"
+            )
             return
         plan = self.ledger.fail(receipt.rollout_id, receipt.attempt, code=receipt.code, turns=receipt.turns)
+        self.history.record(
+            "receipt",
+            r=receipt.rollout_id,
+            a=receipt.attempt,
+            of="failed",
+            outcome="stale" if plan.stale else "failed",
+            code=receipt.code,
+            redo=list(plan.redo),
+            given_up=list(plan.given_up),
+        )
         if plan.stale:
             self.counts["receipts_stale"] += 1
             return
@@ -286,6 +324,27 @@ class Controller(Actor):
             for ref in refs:
                 self.ledger.retired(ref.rollout_id, ref.attempt)
                 self.counts["attempts_retired"] += 1
+        await self._fence(tuple(ref for refs in by_replica.values() for ref in refs))
+
+    async def _fence(self, refs: tuple[AttemptRef, ...]) -> None:
+        """Attempt N is refused everywhere before attempt N+1 is dispatched: the policy aborts its calls
+        and stages none of its tokens, resources end its session, TQ drops rows of it still on the way.
+        (Its agent stopped it, or died with it.) A participant that cannot be reached is named and
+        skipped: it was down, and what it had of the attempt is gone or comes back fenced by a restore."""
+        if not refs or self._config is None:
+            return
+        command = Retire(
+            checkpoint_id=f"fence-{stable_int(*refs) % 10**12}", deadline=time.time() + 10, attempts=refs
+        )
+        resources = [actor_address("resources", i) for i in range(self._config.topology.resources)]
+        for address in ("policy/0", *resources, "tq/0"):
+            try:
+                reply = await self.client.request(address, command)
+            except BrokerError as exc:
+                log.warning("fence_not_sent", participant=address, error=str(exc))
+                continue
+            if isinstance(reply, Error):
+                log.warning("fence_refused", participant=address, code=reply.code.value, detail=reply.detail)
 
     def _acknowledge(self, key: tuple[str, int]) -> None:
         replica = self._replica_of.get(key)
@@ -304,12 +363,16 @@ class Controller(Actor):
             )
             self.counts["acks_sent"] += len(refs)
             self.counts["ack_batches"] += 1
+            self.history.record("ack", replica=replica, refs=[[a.rollout_id, a.attempt] for a in refs])
 
     async def _ack_loop(self) -> None:
         while True:
             await asyncio.sleep(ACK_FLUSH_S)
             if self._outbox:
-                await self._flush_outbox()
+                try:
+                    await self._flush_outbox()
+                except BrokerError as exc:  # the agents send their receipts again; they are acked again
+                    log.warning("ack_not_sent", error=str(exc))
 
     # -- the workload --------------------------------------------------------------------------
     async def run_workload(
@@ -338,12 +401,20 @@ class Controller(Actor):
                 raise
             except Exception as exc:
                 log.error("run_aborted", error=f"{type(exc).__name__}: {exc}")
+                self.history.record("run_aborted", error=f"{type(exc).__name__}: {exc}")
                 raise
             log.info(
                 "run_finished",
                 rollouts_sealed=summary.rollouts_sealed,
                 rollouts_failed=summary.rollouts_failed,
                 wall_s=summary.wall_s,
+            )
+            self.history.record(
+                "run_finished",
+                sealed=summary.rollouts_sealed,
+                failed=summary.rollouts_failed,
+                expected=summary.rollouts_expected,
+                transcripts_sha256=summary.transcripts_sha256,
             )
             return summary
 
@@ -379,6 +450,12 @@ class Controller(Actor):
             rollouts_expected=expected,
             groups_left=len(self.ledger.groups) + len(tasks) - self._next_task,
             snapshots=self.snapshots is not None,
+        )
+        self.history.record(
+            "run_started",
+            restored=restored,
+            epoch=self.epoch,
+            expected=[f"t{i:04d}_g{g}" for i in range(len(tasks)) for g in range(config.rollout.group_size)],
         )
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
         self._run_started = started
@@ -534,7 +611,10 @@ class Controller(Actor):
 
     def _redo_groups_after_restore(self, ledger: Ledger) -> list[EpisodeRef]:
         """``prompt_group`` level: a group with any rollout unfinished at the snapshot starts over whole."""
-        self.fenced_at_restore = [AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())]
+        self.fenced_at_restore = dead_attempts(ledger)
+        self.fenced_at_restore += [
+            AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())
+        ]
         groups = sorted({ledger.group_of(r).group_id for r, _ in ledger.dispatched()})
         for group_id in groups:
             ledger.redo_group_after_restore(group_id)
@@ -553,6 +633,7 @@ class Controller(Actor):
                 timeout_s=config.rollout.stall_timeout_s,
             )
             self.counts["attempts_stalled"] += 1
+            self.history.record("stalled", r=rollout, a=attempt)
             if replica is not None:
                 await self._retire(((rollout, attempt, replica),))  # stop it where it hangs
             await self._fail(Failed(rollout_id=rollout, attempt=attempt, code="stalled"))
@@ -574,8 +655,12 @@ class Controller(Actor):
             if s.current.state is AttemptState.DISPATCHED and s.current.replica == replica
         ]
         for rollout in lost:
+            self._unfenced.append(
+                AttemptRef(rollout_id=rollout, attempt=self.ledger.sibling(rollout).current.index)
+            )
             self.ledger.restart_after_restore(rollout, continue_saved=False)
         self.counts["attempts_lost_with_replica"] += len(lost)
+        self.history.record("replica_restarted", replica=replica, lost=lost)
         log.warning("agent_replica_restarted", replica=replica, rollouts_restarted=len(lost))
         self._wake.set()
 
@@ -636,7 +721,7 @@ class Controller(Actor):
             return self._redo_groups_after_restore(ledger)
         keep_turns = self._config.recovery.target_level in ("turn", "prefix")
         continued = []
-        self.fenced_at_restore = []
+        self.fenced_at_restore = dead_attempts(ledger)
         for rollout, attempt in sorted(ledger.dispatched()):
             self.fenced_at_restore.append(AttemptRef(rollout_id=rollout, attempt=attempt))
             replica = ledger.sibling(rollout).current.replica or 0
@@ -745,6 +830,9 @@ class Controller(Actor):
     async def _dispatch_ready(self) -> None:
         assert self._config is not None
         config = self._config
+        if self._unfenced:
+            refs, self._unfenced = tuple(self._unfenced), []
+            await self._fence(refs)
         in_flight = self.ledger.in_flight()
         for sibling in self.ledger.reserved():
             if not self.gate_open or in_flight >= config.rollout.max_in_flight:
@@ -771,6 +859,14 @@ class Controller(Actor):
                 task=self._task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),
             )
             self.ledger.dispatch(sibling.rollout_id, attempt, replica)
+            self.history.record(
+                "dispatch",
+                r=sibling.rollout_id,
+                a=attempt,
+                epoch=self.epoch,
+                replica=replica,
+                continue_from=current.continue_from,
+            )
             log.info(
                 "rollout_dispatched",
                 rollout_id=sibling.rollout_id,

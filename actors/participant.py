@@ -32,6 +32,7 @@ from parkway.actors.faults import FaultPoints
 from parkway.actors.runtime import Actor
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.messages import (
+    CONTROL_COMMANDS,
     Abort,
     AttemptRef,
     Capabilities,
@@ -62,6 +63,7 @@ from parkway.protocol.phases import (
 log = structlog.get_logger("parkway.participant")
 
 REPLY_MARGIN_S = 0.25
+CONTROL_TYPES = frozenset(command.__name__ for command in CONTROL_COMMANDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +249,11 @@ class Participant(Actor):
 
     async def on_restore(self, command: Restore) -> Message:
         self.phases.check(Event.RESTORE, command.checkpoint_id, now=time.time(), deadline=command.deadline)
+        # What this process remembers of the timeline that died goes: its fences and its cached replies
+        # to data messages (model calls, tool calls, seals) may name attempt numbers the restored
+        # ledger gives out again, and a cached reply would answer the new attempt without doing its
+        # work (no staging row, no mutation). The controller fences the restored timeline's dead
+        # attempts right after; replies to control commands stay (a resent command gets its answer).
         directory = self.participant_dir(command.location)
         try:
             rollouts = await self.install_snapshot(directory, command)
@@ -267,6 +274,8 @@ class Participant(Actor):
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE, f"{command.location} cannot be restored: {where}: {detail}"
             ) from exc
+        self.retired.clear()
+        self.replies.evict_all(keep=CONTROL_TYPES)
         self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
         self._ended[command.checkpoint_id] = asyncio.Event()
         return Restored(checkpoint_id=command.checkpoint_id, rollouts=rollouts)
@@ -274,6 +283,9 @@ class Participant(Actor):
     async def on_retire(self, command: Retire) -> Message:
         for ref in command.attempts:
             self.retired.add((ref.rollout_id, ref.attempt))
+        self.history.record(
+            "fence", cid=command.checkpoint_id, attempts=[[r.rollout_id, r.attempt] for r in command.attempts]
+        )
         return Ok(detail=f"retired {len(command.attempts)}")
 
     async def on_forget(self, command: Forget) -> Message:
@@ -308,6 +320,7 @@ class Participant(Actor):
         if transition.outcome is Outcome.MOVED:
             self._time_phase(transition)
             log.info("phase", on=event.value, before=transition.before.value, after=transition.after.value)
+            self.history.record("phase", cid=checkpoint_id, on=event.value, after=transition.after.value)
         return transition
 
     def _time_phase(self, transition: Transition) -> None:
@@ -349,6 +362,7 @@ class Participant(Actor):
                     if transition is not None:
                         self._time_phase(transition)
                         log.warning("lease_lapsed", phase_before=transition.before.value)
+                        self.history.record("phase", cid=transition.checkpoint_id, on="lapse", after="idle")
                         await self._end(transition.checkpoint_id)
 
 

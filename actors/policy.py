@@ -74,6 +74,7 @@ class Policy(Participant):
         self._stopping = asyncio.Event()
         self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
         self._held: set[str] = set()  # request ids whose replies wait for release
+        self._restores = 0  # restores installed by this process: calls from before one are dropped
         # A weight update: new calls wait while it runs; it waits for the calls generating to finish.
         self.weights_dir: str | None = None  # None: the weights the engines started with
         self._weights_open = asyncio.Event()
@@ -105,13 +106,15 @@ class Policy(Participant):
     async def on_generate(self, call: Generate) -> Message:
         attempt = (call.rollout_id, call.attempt)
         self._refuse_retired(attempt)
+        restores = self._restores  # a restore while this call waits or generates makes it the dead cluster's
         key = capture_key(call.rollout_id, call.attempt)
         request_id = f"{key}:{call.call_index}"
         await self.wait_for_gate(request_id, "admission")  # a call not yet generating waits while closed
-        self._refuse_retired(attempt)
+        self._refuse_retired(attempt, restores)
         # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
         version = max(call.policy_version, self.policy_version)
         self._generating[request_id] = attempt
+        self.history.record("generate", r=call.rollout_id, a=call.attempt, i=call.call_index)
         self._idle.clear()
         try:
             result = await self.pool.generate(
@@ -132,7 +135,9 @@ class Policy(Participant):
                 self._idle.set()
         self.counts["model_calls"] += 1
         self.counts["tokens_generated"] += len(result.token_ids)
-        self._refuse_retired(attempt)  # retired while generating: nothing to capture, nobody to answer
+        self._refuse_retired(
+            attempt, restores
+        )  # retired while generating: nothing to capture, nobody to answer
         row = StagingRow(
             capture_key=key,
             turn=call.call_index,
@@ -146,6 +151,7 @@ class Policy(Participant):
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"staging row for {request_id} not sent: {exc}"
             ) from exc
+        self.history.record("generated", r=call.rollout_id, a=call.attempt, i=call.call_index)
         log.debug(
             "generated",
             request_id=request_id,
@@ -227,9 +233,18 @@ class Policy(Participant):
         finally:
             self._weights_open.set()
 
-    def _refuse_retired(self, attempt: tuple[str, int]) -> None:
+    def _refuse_retired(self, attempt: tuple[str, int], restores: int | None = None) -> None:
         if attempt in self.retired:
+            self.history.record("refused", r=attempt[0], a=attempt[1], code="stale_attempt")
             raise ProtocolError(ErrorCode.STALE_ATTEMPT, f"attempt {attempt[1]} of {attempt[0]} is retired")
+        if restores is not None and restores != self._restores:
+            # Not a verdict on the attempt (the restored ledger may reuse its number), so not cached:
+            # a call with this request id after the restore is served afresh.
+            self.history.record("refused", r=attempt[0], a=attempt[1], code="restored")
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE,
+                f"attempt {attempt[1]} of {attempt[0]}: the cluster was restored while this call waited",
+            )
 
     async def wait_for_gate(self, request_id: str, why: str) -> None:
         """Return when the gate is open; while stopping, a closed gate cancels the call instead.
@@ -278,11 +293,14 @@ class Policy(Participant):
             raise TypeError(f"participant.msgpack holds a {type(record).__name__}, not a record")
         weights_dir = record.get("weights_dir")
         policy_version = int(record["policy_version"])
-        # Calls in flight belong to the cluster that died: abort them and capture nothing of them
-        # (the restored agents re-issue what they need: same request, same tokens).
+        # Calls in flight belong to the cluster that died: abort them and capture nothing of them (the
+        # restored agents re-issue what they need: same request, same tokens). Their attempts are not
+        # fenced here: the controller fences exactly the attempts the snapshot holds, and the restored
+        # ledger may give an attempt of the dead cluster's its number again.
+        self._restores += 1
         for request_id, attempt in list(self._generating.items()):
-            self.retired.add(attempt)
             await self.pool.abort(request_id)
+            self.history.record("aborted", r=attempt[0], a=attempt[1], request=request_id)
         if weights_dir is not None and weights_dir != self.weights_dir:
             # The rollouts resume on the weights they were generating with, not on the start-up ones.
             await self._load(weights_dir)

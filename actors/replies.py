@@ -68,6 +68,15 @@ class ReplyCache:
             self._append(*(_Record(*key, b"") for key in doomed))
         return len(doomed)
 
+    def evict_all(self, *, keep: frozenset[str] = frozenset()) -> int:
+        """Forget every reply except those of the message types in ``keep``; returns how many."""
+        doomed = [k for k in self._entries if k[1] not in keep]
+        for key in doomed:
+            del self._entries[key]
+        if doomed and self._journal is not None:
+            self._rewrite(self._journal)
+        return len(doomed)
+
     def _store(self, key: ReplyKey, content: bytes, *, durable: bool) -> None:
         self._entries[key] = content
         self._entries.move_to_end(key)

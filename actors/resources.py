@@ -5,6 +5,9 @@ environment the call names (initial state from the call's seed); every call is k
 (rollout_id, attempt, call_index), so a call delivered twice (a retry after a lost reply, a redelivery
 after a crash) returns the stored result instead of mutating again. Attempts only move forward: a call
 from an older attempt than the session's is refused, one from a newer attempt starts a fresh session.
+A session opens at its attempt's first call only: a server that restarted lost its sessions, and the
+later calls of an attempt it no longer holds are refused (``stale_attempt``) rather than answered from a
+fresh state that silently lacks the mutations applied before.
 
 Two tool names are reserved: ``verify`` scores the session from the agent's record and retires it,
 ``release`` retires it without a score. A retired attempt stays fenced (late calls get
@@ -117,11 +120,21 @@ class Resources(Participant):
                 ErrorCode.STALE_ATTEMPT, f"{call.rollout_id} attempt {call.attempt} is retired"
             )
         if session is None or not current:
+            if call.call_index > 0 and call.tool != RELEASE:
+                # A session opens at its attempt's first call. One that arrives mid-way belongs to a
+                # session this server does not hold (it restarted and lost it): answering it from a
+                # fresh state would lose the mutations already applied, silently.
+                raise ProtocolError(
+                    ErrorCode.STALE_ATTEMPT,
+                    f"{self.address} holds no session of {call.rollout_id} attempt {call.attempt}: call "
+                    f"{call.call_index} cannot continue it (its earlier calls are lost with a restarted server)",
+                )
             fresh = self.open_session(call)
             if session is not None and not session.retired:
                 self.counts["sessions_retired"] += 1  # superseded by the newer attempt
             session = self.sessions[call.rollout_id] = fresh
             self.counts["sessions_opened"] += 1
+            self.history.record("session_opened", r=call.rollout_id, a=call.attempt, i=call.call_index)
         if (session.env.name, session.env.seed) != (call.env, call.seed):
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE,
@@ -153,6 +166,7 @@ class Resources(Participant):
                 f"with other arguments; a call index names one call",
             )
         self.counts["tool_duplicates"] += 1
+        self.history.record("duplicate", r=call.rollout_id, a=call.attempt, i=call.call_index, tool=call.tool)
         return result
 
     def _after_retirement(self, session: Session, call: ToolCall) -> ToolResult:
@@ -178,19 +192,40 @@ class Resources(Participant):
                 self.counts["tool_mutations_duplicated"] += 1
                 log.error("mutation_applied_twice", call_index=call.call_index, tool=call.tool)
             session.applied.add(call.call_index)
+            self.history.record(
+                "mutation",
+                r=call.rollout_id,
+                a=call.attempt,
+                i=call.call_index,
+                tool=call.tool,
+                rev=session.revision,
+                effect=output,
+            )
         return self._result(session, call, ok=True, output=output)
 
     def _release(self, session: Session, call: ToolCall) -> ToolResult:
         """Retire without a score. It skips the index check: clean-up must work whatever index it
         comes with (an agent that lost a call's reply releases under that call's index)."""
+        self.history.record("released", r=call.rollout_id, a=call.attempt)
         return self._retire(call, session, self._result(session, call, ok=True, output={"released": True}))
 
     def _verify(self, session: Session, call: ToolCall) -> ToolResult:
         """Score the session from the agent's record; a malformed record is a tool error, not an ending."""
         try:
-            reward = session.env.verify(parse_record(call.arguments))
+            record = parse_record(call.arguments)
+            reward = session.env.verify(record)
         except ToolError as err:
             return self._result(session, call, ok=False, output={"error": err.message})
+        if self.history.enabled:
+            self.history.record(
+                "verified",
+                r=call.rollout_id,
+                a=call.attempt,
+                reward=reward,
+                rev=session.revision,
+                applied=sorted(session.applied),
+                recorded=sum(1 for tool, _, _ in record if session.env.spec(tool).mutates),
+            )
         return self._retire(call, session, self._result(session, call, ok=True, output={"reward": reward}))
 
     def _retire(self, call: ToolCall, session: Session, ending: ToolResult) -> ToolResult:
@@ -252,6 +287,14 @@ class Resources(Participant):
             )
             self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
             self.counts["sessions_opened"] += 1
+            self.history.record(
+                "session_restored",
+                r=item.rollout_id,
+                a=attempt,
+                saved_attempt=item.attempt,
+                rev=item.revision,
+                applied=sorted(item.applied),
+            )
             restored.append(AttemptRef(rollout_id=item.rollout_id, attempt=attempt))
         return tuple(restored)
 

@@ -31,6 +31,7 @@ import structlog
 from parkway.actors import heartbeat
 from parkway.actors.client import Client
 from parkway.actors.faults import FaultPoints
+from parkway.actors.history import History
 from parkway.actors.metrics import ERROR, HANDLED, REFUSED, REPLAYED, UNKNOWN_TYPE, ActorMetrics
 from parkway.actors.replies import ReplyCache
 from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
@@ -83,6 +84,7 @@ class Actor:
         self.client = Client(broker, secret=secret, sender=self.address)
         self.state_dir = state_dir
         self.faults = faults or FaultPoints()
+        self.history = History.from_env(broker.run, self.address)  # a no-op unless PARKWAY_HISTORY=1
         self.replies = ReplyCache(journal=state_dir / "replies.journal" if state_dir else None)
         self.started_at = time.time()
         self.handled = 0
@@ -115,6 +117,7 @@ class Actor:
         self._heartbeat = asyncio.get_running_loop().create_task(heartbeat.beat(self))
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             log.info("actor_started", pid=os.getpid())
+        self.history.record("started", started_at=self.started_at)
 
     async def stop(self) -> None:
         """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""

@@ -40,6 +40,7 @@ from parkway.actors.snapshot_inventory import (
     skip_reason,
 )
 from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import actor_address, new_checkpoint_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import (
@@ -205,6 +206,7 @@ class SnapshotCoordinator:
         self.config_fingerprint = config_fingerprint(config)
         self._last_progress: tuple[Any, ...] | None = None
         self.on_published: Callable[[Path], None] | None = None  # a test hook
+        self._began = 0.0  # when the snapshot (or restore) in progress began: a process started since is new
 
     # -- who -----------------------------------------------------------------------------------------
     def addresses(self, stage: str) -> list[str]:
@@ -230,11 +232,32 @@ class SnapshotCoordinator:
             if isinstance(reply, BaseException):
                 raise SnapshotFailure(step, f"{address}: {reply}", transient=True)
             if isinstance(reply, Error):
-                raise SnapshotFailure(
-                    step, f"{address}: {reply.code.value}: {reply.detail}", transient=reply.retryable
-                )
+                detail, transient = f"{address}: {reply.code.value}: {reply.detail}", reply.retryable
+                if reply.code is ErrorCode.STALE_CHECKPOINT:
+                    # It ended this id on its own: its lease lapsed while this controller was slow (or
+                    # stopped). A timeout, which the next snapshot retries.
+                    detail, transient = f"{detail} (its lease lapsed)", True
+                elif reply.code is ErrorCode.INVALID_PHASE and await self._restarted(address):
+                    # Not a broken protocol: a new process that never saw this checkpoint (the one that
+                    # did may even have journaled its reply). A later snapshot fixes it.
+                    detail, transient = f"{detail} (it restarted during the snapshot)", True
+                raise SnapshotFailure(step, detail, transient=transient)
             answered[address] = reply
         return answered
+
+    async def _restarted(self, address: str) -> bool:
+        """Whether ``address`` is a process that started after this snapshot (or restore) began."""
+        try:
+            reply = await self._request(
+                address, Status(checkpoint_id=new_checkpoint_id("alive"), deadline=time.time() + 5)
+            )
+        except SnapshotFailure:
+            return False
+        if not isinstance(reply, StatusReport):
+            return False
+        if reply.role == "agent":
+            self.controller.observe(address, reply)  # a new process: its lost rollouts start again
+        return reply.started_at >= self._began
 
     async def _request(self, address: str, message: Message) -> Message:
         try:
@@ -257,6 +280,7 @@ class SnapshotCoordinator:
                     orphans.setdefault(reply.checkpoint_id, []).append(address)
         for checkpoint_id, addresses in orphans.items():
             log.warning("orphaned_checkpoint", orphan=checkpoint_id, participants=addresses, action="abort")
+            self.controller.history.record("orphan_aborted", cid=checkpoint_id, participants=addresses)
             abort = Abort(
                 checkpoint_id=checkpoint_id,
                 deadline=time.time() + self.config.prepare_timeout_s,
@@ -295,6 +319,7 @@ class SnapshotCoordinator:
         ``force`` takes it even when nothing moved (a trainer checkpoint needs its own snapshot);
         ``checkpoint_id`` names it (``parkway snapshot --checkpoint-id``), a fresh id otherwise."""
         cid = checkpoint_id or new_checkpoint_id("ck")
+        self._began = time.time()
         seq = (list_snapshots(self.run_dir)[-1][0] + 1) if list_snapshots(self.run_dir) else 1
         tmp = self.run_dir / f"tmp_{cid}"
         deadline = time.time() + self.config.prepare_timeout_s
@@ -314,6 +339,7 @@ class SnapshotCoordinator:
             "steps_ms": {},
         }
         started = time.perf_counter()
+        history = self.controller.history
         paused_before = (
             self.controller.paused_s()
         )  # the gate's own clock measures the admission-closed window
@@ -324,6 +350,7 @@ class SnapshotCoordinator:
                     t0 = time.perf_counter()
                     reached.append(step.name)  # type: ignore[arg-type]
                     self.controller.faults.reach(f"save_{step.name.value}")
+                    history.record("snap", cid=cid, step=step.name.value)
                     try:
                         result = await getattr(self, f"_step_{step.name.value}")(step.stages, state)
                     except OSError as exc:
@@ -335,6 +362,7 @@ class SnapshotCoordinator:
                     self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
                     self.controller.metrics.snapshot_step(step.name.value, took)
                     if result == "skip":
+                        history.record("snap_skipped", cid=cid)
                         self.metrics.skipped += 1
                         self.controller.metrics.snapshot("skipped")
                         self.metrics.consecutive_failures = 0
@@ -342,6 +370,13 @@ class SnapshotCoordinator:
                         return None
                     self.controller.faults.reach(f"after_{step.name.value}")
             except SnapshotFailure as failure:
+                history.record(
+                    "snap_failed",
+                    cid=cid,
+                    step=failure.step,
+                    detail=failure.detail,
+                    transient=failure.transient,
+                )
                 if SaveStep.PUBLISH not in reached[:-1]:
                     await self._abort(state, failure)
                     self.controller.faults.reach("after_abort")
@@ -370,6 +405,7 @@ class SnapshotCoordinator:
         self.controller.metrics.snapshot("published")
         self.metrics.consecutive_failures = 0
         path = self.run_dir / f"snapshot_{seq}"
+        history.record("snap_done", cid=cid, snapshot=path.name)
         log.info(
             "snapshot_published",
             checkpoint_id=cid,
@@ -489,6 +525,8 @@ class SnapshotCoordinator:
         data = msgspec.msgpack.encode(
             {"ledger": self.controller.ledger.export(), "controller": self.controller.anchor()}
         )
+        # No await since the export: the seals made so far are exactly the ones this ledger holds.
+        self.controller.history.record("captured", cid=cid, seals=self.controller.seals)
         tmp.mkdir(parents=True, exist_ok=True)
         path = tmp / "ledger.msgpack"
         with open(path, "wb") as handle:
@@ -585,6 +623,12 @@ class SnapshotCoordinator:
             # before the rename and the previous one stays authoritative.
             os.rename(final, tmp)
             raise
+        self.controller.history.record(
+            "published",
+            cid=state["cid"],
+            snapshot=final.name,
+            episodes=sorted([r, a] for r, a in state["episodes"]),
+        )
         self._last_progress = state["progress"]
         self._prune()
         if self.on_published is not None:
@@ -637,6 +681,7 @@ class SnapshotCoordinator:
         """Abort under the same id everywhere (fencing it), delete the temporary directory."""
         log.warning("snapshot_aborted", step=failure.step, detail=failure.detail, transient=failure.transient)
         cid = state["cid"]
+        self.controller.history.record("snap_aborted", cid=cid, step=failure.step)
         targets = [a for role in ("agent", "policy", "resources", "tq") for a in self.addresses(role)]
         await asyncio.gather(
             *(
@@ -710,8 +755,12 @@ class SnapshotCoordinator:
             return False
         path, manifest = selected
         rid = new_checkpoint_id("rs")
+        self._began = time.time()
         with structlog.contextvars.bound_contextvars(checkpoint_id=rid):
             log.info("restore_started", snapshot=path.name, saved_checkpoint=manifest["checkpoint_id"])
+            self.controller.history.record(
+                "restore_started", rid=rid, snapshot=path.name, saved_cid=manifest["checkpoint_id"]
+            )
             await self._check_topology(manifest)
             deadline = time.time() + self.config.prepare_timeout_s
             record = msgspec.msgpack.decode((path / "ledger.msgpack").read_bytes())
@@ -742,22 +791,35 @@ class SnapshotCoordinator:
                     )
                     self.controller.faults.reach(f"after_restore_{stage}")
                 fence = tuple(self.controller.fenced_at_restore)
+
+                def retire(_: str) -> Retire:
+                    return Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence)
+
                 for stage in ("agent", "policy", "resources"):
-                    await self._ask(
-                        stage,
-                        lambda _a: Retire(checkpoint_id=f"{rid}-fence", deadline=deadline, attempts=fence),
-                        "fence",
-                    )
+                    await self._ask(stage, retire, "fence")
                 await self._ask(
                     "tq",
                     lambda _a: Restore(checkpoint_id=rid, deadline=deadline, location=path.name, epoch=epoch),
                     "restore_tq",
+                )
+                await self._ask("tq", retire, "fence")  # after its restore, which drops the old fences
+                # From here on attempt N of every restored rollout is fenced on every participant (TQ's
+                # store replaced by the snapshot's), and attempt N+1 exists.
+                self.controller.history.record(
+                    "fenced",
+                    rid=rid,
+                    snapshot=path.name,
+                    saved_cid=manifest["checkpoint_id"],
+                    epoch=epoch,
+                    attempts=[[f.rollout_id, f.attempt] for f in fence],
+                    continued=[[e.rollout_id, e.attempt, e.replica] for e in scope],
                 )
                 self.controller.faults.reach("after_restore_tq")
             except SnapshotFailure as failure:
                 # One owner cleans up a failed restore: this controller aborts the restore id everywhere,
                 # once; nobody else resumes anything (NeMo resumed twice here).
                 log.error("restore_failed", step=failure.step, detail=failure.detail)
+                self.controller.history.record("restore_failed", rid=rid, step=failure.step)
                 targets = [a for role in ("agent", "policy", "resources", "tq") for a in self.addresses(role)]
                 await asyncio.gather(
                     *(
@@ -780,6 +842,7 @@ class SnapshotCoordinator:
             self.metrics.rollouts_restored += len(scope)
             self._last_progress = await self._progress()
             log.info("restore_done", snapshot=path.name, continued=len(scope))
+            self.controller.history.record("restore_done", rid=rid, snapshot=path.name)
         return True
 
     async def _restore_fallback(self, step: int) -> bool:

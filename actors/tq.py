@@ -44,6 +44,12 @@ def logical_id(capture_key: str) -> str:
     return _ATTEMPT_SUFFIX.sub("", capture_key)
 
 
+def attempt_of(capture_key: str) -> tuple[str, int]:
+    """(logical rollout id, attempt) of a capture key (``g_g1-a2`` -> (``g_g1``, 2); no suffix: 0)."""
+    match = _ATTEMPT_SUFFIX.search(capture_key)
+    return (logical_id(capture_key), int(match[0][2:])) if match else (capture_key, 0)
+
+
 class TransferStore:
     """The rows themselves. Pure: the actor wraps it; save/load go to one directory."""
 
@@ -181,17 +187,32 @@ class TransferQueue(Participant):
 
     async def on_rows(self, message: Rows) -> None:
         for row in message.rows:
+            if attempt_of(row.capture_key) in self.retired:  # fenced: generated for an attempt given up on
+                self.counts["staging_fenced"] += 1
+                self.history.record("refused", ck=row.capture_key, i=row.turn, code="stale_attempt")
+                continue
             if self.store.add(row):
                 self.counts["staging_rows"] += 1
                 self.counts["turns_regenerated"] = self.store.turns_regenerated
+                self.history.record("staged", ck=row.capture_key, i=row.turn)
             else:
                 self.counts["staging_duplicates"] += 1
 
     async def on_seal_rows(self, message: SealRows) -> Message:
+        before = self.store.canonical.get(message.rollout_id)
         row = self.store.seal(
             message.rollout_id, message.attempt, message.capture_key, message.reward, message.staging_keys
         )
         self.counts["canonical_rows"] = len(self.store.canonical)
+        if row is not before:
+            self.history.record(
+                "sealed",
+                r=row.rollout_id,
+                a=row.attempt,
+                ck=row.capture_key,
+                turns=[t.turn for t in row.turns],
+                replaced=before.capture_key if before is not None else None,
+            )
         return Ok(detail=f"{len(row.turns)} turns")
 
     async def on_fetch_rows(self, message: FetchRows) -> Message:
@@ -214,4 +235,11 @@ class TransferQueue(Participant):
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         self.store = TransferStore.load(directory)
+        self.history.record(
+            "restored",
+            cid=command.checkpoint_id,
+            location=command.location,
+            staged=sum(len(turns) for turns in self.store.staging.values()),
+            canonical=sorted(self.store.canonical),
+        )
         return ()

@@ -9,6 +9,13 @@ Per run ``R`` it declares, all durable:
 
 Requests use direct reply-to on one channel; each consumer gets a channel of its own, so cancelling
 one closes its channel and RabbitMQ requeues exactly its unsettled deliveries.
+
+A lost connection (a broker restart) is reopened by aio-pika, consumers included; the direct reply-to
+consumer is not one aio-pika restores, so this broker consumes it again on every reopen of its channel,
+and no request is published before it does (RabbitMQ refuses a request whose reply-to nobody consumes,
+"fast reply consumer does not exist", and closes the channel). A reply address dies with its channel:
+requests still waiting when the channel closes fail at once with ``BrokerError`` instead of waiting
+for a reply that can no longer come.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ _TRANSPORT_ERRORS = (
     ConnectionError,
 )
 LOG_STREAM_MAX_BYTES = 256 * 1024 * 1024
+REPLIES_READY_TIMEOUT_S = 30.0  # how long a request waits for a reopened channel's reply consumer
 
 
 def _envelope(message: AbstractIncomingMessage) -> Envelope:
@@ -124,6 +132,7 @@ class RabbitBroker(Broker):
         self.reply_address = DIRECT_REPLY_TO
         self._consumers: list[_RabbitConsumer] = []
         self._declared: set[str] = set()
+        self._replies_ready = asyncio.Event()  # the direct reply-to consumer runs on the channel
 
     # -- names ---------------------------------------------------------------------------------
     @property
@@ -161,9 +170,26 @@ class RabbitBroker(Broker):
             arguments={"x-queue-type": "stream", "x-max-length-bytes": LOG_STREAM_MAX_BYTES},
         )
         await log_stream.bind(self._logs)
-        # Direct reply-to: consume the pseudo-queue without acks on the channel that publishes requests.
-        reply_queue = await channel.get_queue(DIRECT_REPLY_TO, ensure=False)
+        # Direct reply-to: consume the pseudo-queue without acks on the channel that publishes requests,
+        # again each time the channel is reopened (aio-pika does not restore this consumer).
+        channel.close_callbacks.add(self._on_channel_closed)
+        channel.reopen_callbacks.add(self._on_channel_reopened)
+        await self._consume_replies()
+
+    async def _consume_replies(self) -> None:
+        assert self._channel is not None
+        reply_queue = await self._channel.get_queue(DIRECT_REPLY_TO, ensure=False)
         await reply_queue.consume(self._on_reply, no_ack=True)
+        self._replies_ready.set()
+
+    def _on_channel_closed(self, *_: Any) -> None:
+        self._replies_ready.clear()
+        self._pending.fail_all(
+            BrokerError("the broker connection was lost: a reply to this request can no longer arrive")
+        )
+
+    async def _on_channel_reopened(self, *_: Any) -> None:
+        await self._consume_replies()
 
     def _on_reconnect(self, *_: Any) -> None:
         self.reconnects += 1
@@ -191,6 +217,13 @@ class RabbitBroker(Broker):
 
     async def publish(self, address: str, envelope: Envelope) -> None:
         assert self._exchange is not None, "broker not started"
+        if envelope.reply_to == DIRECT_REPLY_TO and not self._replies_ready.is_set():
+            try:  # the channel was reopened and does not consume its replies yet
+                await asyncio.wait_for(self._replies_ready.wait(), REPLIES_READY_TIMEOUT_S)
+            except TimeoutError:
+                raise BrokerError(
+                    f"request to {address!r} not sent: no reply consumer after {REPLIES_READY_TIMEOUT_S:.0f}s"
+                ) from None
         try:
             await self._exchange.publish(_message(envelope), routing_key=address, mandatory=True)
         except aio_pika.exceptions.DeliveryError as exc:

@@ -119,7 +119,7 @@ class Group:
     granularity: Granularity
     siblings: list[Sibling]
     state: GroupState = GroupState.GENERATING
-    redos: int = 0
+    redos: int = 0  # times a failure sent the whole group back to its prompt (restores do not count)
 
     def move(self, event: GroupEvent) -> None:
         after = GROUP_TRANSITIONS.get((self.state, event))
@@ -220,7 +220,9 @@ class Ledger:
         target.move(AttemptEvent.FAIL)
         target.failure, target.turns = code, turns
         if group.granularity is Granularity.SIBLING:
-            if len(sibling.attempts) >= self.max_attempts:
+            # Failures count, not attempts: a restore or a lost agent gives a rollout a new attempt
+            # without it having failed, and must not use up its retries.
+            if sum(a.state is AttemptState.FAILED for a in sibling.attempts) >= self.max_attempts:
                 sibling.given_up = True
                 self._settle_if_done(group)
                 return FailurePlan(given_up=(rollout,))
@@ -310,7 +312,7 @@ class Ledger:
                 current.move(AttemptEvent.RETIRE)
                 replica = current.replica
                 self._new_attempt(sibling).replica = replica
-        group.redos += 1
+        # Not a failure: ``redos`` counts the group's failures against ``max_attempts``.
 
     def dispatched(self) -> set[tuple[str, int]]:
         return {(s.rollout_id, a.index) for s, a in self.attempts() if a.state is AttemptState.DISPATCHED}

@@ -245,3 +245,49 @@ async def test_a_model_error_during_a_snapshot_keeps_the_rollout_parked(tmp_path
     assert state["errors"] >= 1  # errors really came back while rollouts were parked
     assert summary.snapshots_published >= 1 and summary.snapshots_failed == 0
     assert summary.rollouts_sealed == 6 and summary.attempts_failed == state["errors"]
+
+
+async def test_a_participant_whose_lease_lapsed_fails_one_snapshot_not_the_run(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Found by parkway chaos (a controller stopped with SIGSTOP in the middle of a snapshot): the
+    # participants' leases lapsed, they resumed themselves and refused the Commit (stale_checkpoint), and
+    # the controller took that for a broken protocol and ended the run. A lapsed lease is a timeout.
+    import time
+
+    from parkway.actors.participant import Participant
+    from parkway.protocol.messages import Commit
+
+    lapses = {"left": 1}
+    on_commit = Agent.on_commit
+
+    async def lapsed_first(self: Agent, command: Commit):
+        if lapses["left"] > 0:
+            lapses["left"] -= 1
+            self.phases.lease_expires_at = time.time() - 1  # what a slow controller leaves behind
+            transition = self.phases.lapse_if_expired(time.time())
+            assert transition is not None
+            await Participant._end(self, transition.checkpoint_id)
+        return await on_commit(self, command)
+
+    monkeypatch.setattr(Agent, "on_commit", lapsed_first)
+    summary = await run(tmp_path)
+    assert lapses["left"] == 0 and summary.snapshots_failed >= 1 and summary.snapshots_published >= 1
+    assert summary.rollouts_sealed == 6
+
+
+async def test_a_restore_fences_the_restored_ledgers_dead_attempts(tmp_path: Path, monkeypatch) -> None:
+    # A restore drops every participant's fences (the dead cluster's may name attempt numbers the
+    # restored ledger gives out again) and fences the restored timeline's: the attempts it restarts and
+    # the ones that had failed before the snapshot.
+    from parkway.actors.history import HISTORY_ENV, read_history
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    faults = {"fail_attempts": ["t0000_g1@0:0"]}  # attempt 0 fails at its first turn, attempt 1 redoes it
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, stop_after=3, faults=faults)
+    summary = await run(tmp_path, faults=faults)
+    assert summary.restores == 1 and summary.rollouts_sealed == 6
+    [fenced] = [r for r in read_history(tmp_path / "history" / "findings") if r.kind == "fenced"]
+    assert ["t0000_g1", 0] in fenced.fields["attempts"]  # failed before the snapshot: fenced again

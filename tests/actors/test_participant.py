@@ -242,6 +242,19 @@ async def test_restore_then_resume(setup) -> None:
     assert actor.releases == 1
 
 
+async def test_a_restore_drops_the_fences_of_the_timeline_that_died(setup) -> None:
+    # Found by parkway chaos: a live TQ kept the fence of an attempt the dead controller had given up
+    # after the snapshot; the restored ledger gave that attempt number out again and TQ dropped all of
+    # its rows, so every later snapshot failed validation. The controller fences the restored timeline's
+    # dead attempts right after the restore.
+    actor, client, _ = setup
+    actor.retired.update({("g_g0", 2), ("g_g1", 0)})
+    restored = await client.request(
+        "gated/0", Restore(checkpoint_id="rs-9", deadline=soon(), location="snapshot_3")
+    )
+    assert isinstance(restored, Restored) and actor.retired == set()
+
+
 async def test_phase_logs_carry_the_checkpoint_id(setup) -> None:
     _, client, _ = setup
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:

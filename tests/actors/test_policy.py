@@ -36,6 +36,8 @@ from parkway.protocol.messages import (
     Ok,
     Prepare,
     Prepared,
+    Restore,
+    Restored,
     Resume,
     Retire,
     Rows,
@@ -254,6 +256,53 @@ async def test_retiring_an_attempt_aborts_its_generation_without_a_row(make_clus
     assert cluster.rows.empty() and cluster.policy.pool.in_flight() == 0
     late = await cluster.generate(call_index=1, rollout_id="g_g7")
     assert isinstance(late, Error) and late.code is ErrorCode.STALE_ATTEMPT
+
+
+async def test_a_restore_drops_the_calls_in_flight_without_fencing_their_attempts(make_cluster) -> None:
+    # Found by parkway chaos: after a cluster crash, the new policy process picked up a dead attempt's
+    # queued call; the restore fenced that (rollout, attempt), which the restored ledger then gave to the
+    # rollout's next attempt, so every call of it was refused and the rollout was given up.
+    cluster = await make_cluster(per_token_delay_s=0.01)
+    await cluster.control(Prepare(checkpoint_id="ck-r", deadline=soon()))
+    await cluster.commit_and_resume("ck-r")
+    generating = asyncio.Event()
+    engine_generate = cluster.policy.pool.generate
+
+    async def observed_generate(request: GenerationRequest):
+        generating.set()
+        return await engine_generate(request)
+
+    cluster.policy.pool.generate = observed_generate  # type: ignore[method-assign]
+    call = asyncio.ensure_future(cluster.generate(call_index=2, rollout_id="g_g7", attempt=1))
+    await asyncio.wait_for(generating.wait(), 5)
+    restored = await cluster.policy.install_snapshot(cluster.policy.participant_dir("tmp_ck-r"), None)  # type: ignore[arg-type]
+    assert restored == ()
+    reply = await asyncio.wait_for(call, 5)
+    assert isinstance(reply, Error) and reply.code is ErrorCode.UNAVAILABLE  # not cached
+    assert "restored while this call waited" in reply.detail
+    assert cluster.rows.empty() and cluster.policy.pool.in_flight() == 0  # nothing of it staged
+    again = await cluster.generate(call_index=2, rollout_id="g_g7", attempt=1)  # the restored attempt 1
+    assert isinstance(again, Generated) and again.call_index == 2
+    assert ("g_g7", 1) not in cluster.policy.retired
+
+
+async def test_a_restore_forgets_the_replies_of_the_timeline_that_died(make_cluster) -> None:
+    # Found by parkway chaos: a live policy answered the restored ledger's attempt 2 (a number the dead
+    # controller had used too) from its reply cache, so no staging row reached the restored TQ, every
+    # snapshot failed validation, and each restore ran into the same cached reply again.
+    cluster = await make_cluster()
+    await cluster.control(Prepare(checkpoint_id="ck-f", deadline=soon()))
+    await cluster.commit_and_resume("ck-f")
+    first = await cluster.generate(call_index=0, rollout_id="g_g8", attempt=2)  # the dead timeline's
+    assert isinstance(first, Generated)
+    staged, _ = await asyncio.wait_for(cluster.rows.get(), 5)
+    restore = Restore(checkpoint_id="rs-f", deadline=soon(), location="tmp_ck-f")
+    assert isinstance(await cluster.control(restore), Restored)
+    assert await cluster.control(Resume(checkpoint_id="rs-f", deadline=soon())) == Ok(detail="resumed")
+    again = await cluster.generate(call_index=0, rollout_id="g_g8", attempt=2)  # the restored ledger's
+    assert isinstance(again, Generated)
+    restaged, _ = await asyncio.wait_for(cluster.rows.get(), 5)  # generated and staged again
+    assert restaged == staged and cluster.policy.counts["model_calls"] == 2
 
 
 async def test_stop_leaves_calls_at_the_closed_gate_for_redelivery(make_cluster) -> None:

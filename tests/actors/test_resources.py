@@ -408,3 +408,17 @@ async def test_tool_calls_log_at_debug_only(setup) -> None:
     assert line["log_level"] == "debug" and line["rollout_id"] == "r1" and line["attempt"] == 0
     assert line["tool"] == "transfer" and line["revision"] == 1
     assert [e for e in logs if e["log_level"] not in ("debug",)] == []
+
+
+async def test_a_server_that_lost_a_session_refuses_the_rest_of_it(setup) -> None:
+    # The chaos harness found this: a resources process killed alone came back empty and answered the
+    # next calls of a running rollout from a fresh state, so the transfers before the crash were lost
+    # and the rollout sealed with reward 0.0. A session only opens at its first call.
+    actor, agent = setup
+    reply = await agent.refused(ErrorCode.STALE_ATTEMPT, "transfer", transfer(10), call_index=3)
+    assert "holds no session of r1 attempt 0: call 3 cannot continue it" in reply.detail
+    assert not reply.retryable and actor.sessions == {} and actor.counts["tool_mutations_applied"] == 0
+    await agent.refused(ErrorCode.STALE_ATTEMPT, "verify", {"calls": []}, call_index=4)
+    assert (await agent.ok("release", call_index=4)).output == {"released": True}  # clean-up still works
+    await agent.ok("transfer", transfer(10), attempt=1, call_index=0)  # the redo starts from its prompt
+    assert actor.sessions["r1"].attempt == 1 and balances(actor)["a"] == 90

@@ -147,3 +147,22 @@ def test_dispatching_a_replaced_attempt_is_a_bug() -> None:
     ledger.fail("g_g0", 0, code="x")
     with pytest.raises(LedgerError, match="not current"):
         ledger.dispatch("g_g0", 0, replica=0)
+
+
+def test_restores_do_not_use_up_a_rollouts_retries() -> None:
+    # Found by parkway chaos: rollouts restored twice (two crashes) and then failed once (a tool server
+    # that lost its session) were given up, because every attempt counted, the restores' included.
+    ledger = Ledger(max_attempts=2)
+    ledger.add_group("g", 0, 1, Granularity.SIBLING)
+    ledger.add_group("p", 1, 2, Granularity.PROMPT_GROUP)
+    for _ in range(2):  # two crashes, each restored: turn level for g, prompt_group level for p
+        dispatch_all(ledger)
+        ledger.restart_after_restore("g_g0", continue_saved=True)
+        ledger.redo_group_after_restore("p")
+    dispatch_all(ledger)
+    assert [len(ledger.sibling(r).attempts) for r in ("g_g0", "p_g0")] == [3, 3]
+    assert ledger.fail("g_g0", 2, code="stale_attempt").redo == ("g_g0",)  # its first failure
+    assert ledger.fail("p_g0", 2, code="stale_attempt").redo == ("p_g0", "p_g1")
+    dispatch_all(ledger)
+    assert ledger.fail("g_g0", 3, code="stale_attempt").given_up == ("g_g0",)  # the second: max_attempts
+    assert ledger.fail("p_g1", 3, code="stale_attempt").given_up == ("p_g0", "p_g1")
