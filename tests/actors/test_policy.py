@@ -296,7 +296,10 @@ async def test_a_restore_forgets_the_replies_of_the_timeline_that_died(make_clus
     first = await cluster.generate(call_index=0, rollout_id="g_g8", attempt=2)  # the dead timeline's
     assert isinstance(first, Generated)
     staged, _ = await asyncio.wait_for(cluster.rows.get(), 5)
-    restore = Restore(checkpoint_id="rs-f", deadline=soon(), location="tmp_ck-f")
+    written = cluster.policy.participant_dir("tmp_ck-f")
+    tmp = next(d for d in written.parents if d.name == "tmp_ck-f")
+    tmp.rename(tmp.with_name("snapshot_1"))  # published, as the controller would
+    restore = Restore(checkpoint_id="rs-f", deadline=soon(), location="snapshot_1")
     assert isinstance(await cluster.control(restore), Restored)
     assert await cluster.control(Resume(checkpoint_id="rs-f", deadline=soon())) == Ok(detail="resumed")
     again = await cluster.generate(call_index=0, rollout_id="g_g8", attempt=2)  # the restored ledger's
