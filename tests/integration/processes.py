@@ -148,3 +148,27 @@ async def embedded_digest(config_path: Path, state: Path) -> str:
             snapshots=False,
         )
     return summary.transcripts_sha256
+
+
+async def run_driver(config: Path, run: str, state: Path, url: str, faults: str = "") -> tuple[int, str, str]:
+    """`parkway run --json` driving the actors of ``run`` to its end (or its fault): exit code, stdout, stderr."""
+    env = actor_env(run, state, PARKWAY_BROKER_URL=url, **({"PARKWAY_FAULTS": faults} if faults else {}))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "parkway.actors.cli",
+            "run",
+            "--config",
+            str(config),
+            "--json",
+            "--log-level",
+            "info",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = await asyncio.to_thread(proc.communicate, timeout=240)
+    return proc.returncode, out, err

@@ -5,7 +5,6 @@ cluster then restores exactly the snapshot the listing named."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import signal
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.processes import actor_env, wait_ready
+from tests.integration.processes import actor_env, run_driver, wait_ready
 from tests.integration.test_crash_recovery import CONFIG, ROLES  # the same cluster and workload
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
@@ -32,29 +31,6 @@ def parkway(*args: str, run: str, state: Path, **env: str) -> subprocess.Complet
     )
 
 
-async def driver(config: Path, run: str, state: Path, url: str, faults: str = "") -> tuple[int, str, str]:
-    env = actor_env(run, state, PARKWAY_BROKER_URL=url, **({"PARKWAY_FAULTS": faults} if faults else {}))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "parkway.actors.cli",
-            "run",
-            "--config",
-            str(config),
-            "--json",
-            "--log-level",
-            "info",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    out, err = await asyncio.to_thread(proc.communicate, timeout=240)
-    return proc.returncode, out, err
-
-
 async def cluster(spawn, client, config: Path) -> list[Any]:
     actors = [spawn(role, replica, args=("--config", str(config))) for role, replica in ROLES]
     for actor in actors:
@@ -68,7 +44,7 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
     state = tmp_path / "state"  # where the spawned actors write their records, and the driver its manifests
 
     first = await cluster(spawn, client, config)
-    code, _, err = await driver(config, run_name, state, amqp_url, faults="after_publish@2")
+    code, _, err = await run_driver(config, run_name, state, amqp_url, faults="after_publish@2")
     assert code == -signal.SIGKILL, err[-3000:]
     for actor in first:
         actor.kill()
@@ -132,7 +108,7 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
 
     # The restarted cluster restores exactly what the listing predicted.
     await cluster(spawn, client, config)
-    code, out, err = await driver(config, run_name, state, amqp_url)
+    code, out, err = await run_driver(config, run_name, state, amqp_url)
     assert code == 0, err[-3000:]
     started = [json.loads(line) for line in err.splitlines() if '"restore_started"' in line]
     assert [(e["snapshot"], e["saved_checkpoint"]) for e in started] == [

@@ -10,18 +10,14 @@ run completes with the transcripts of a run that never failed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import signal
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.processes import actor_env, embedded_digest, status_of, wait_ready
+from tests.integration.processes import embedded_digest, run_driver, status_of, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -47,29 +43,6 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return found
 
 
-async def driver(config: Path, run: str, state: Path, url: str, faults: str = "") -> tuple[int, str, str]:
-    env = actor_env(run, state, PARKWAY_BROKER_URL=url, **({"PARKWAY_FAULTS": faults} if faults else {}))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "parkway.actors.cli",
-            "run",
-            "--config",
-            str(config),
-            "--json",
-            "--log-level",
-            "info",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    out, err = await asyncio.to_thread(proc.communicate, timeout=240)
-    return proc.returncode, out, err
-
-
 async def test_a_participant_whose_disk_fills_aborts_the_snapshot_and_the_one_before_stays(
     spawn, client, amqp_url, run_name, tmp_path
 ) -> None:
@@ -87,7 +60,7 @@ async def test_a_participant_whose_disk_fills_aborts_the_snapshot_and_the_one_be
         await wait_ready(client, actor, timeout=60)
     pids = {address: actor.pid for address, actor in actors.items()}
 
-    code, _, err = await driver(config, run_name, state, amqp_url, faults="after_abort@1")
+    code, _, err = await run_driver(config, run_name, state, amqp_url, faults="after_abort@1")
     assert code == -signal.SIGKILL, err[-3000:]
     [aborted] = [e for e in json_lines(err) if e.get("event") == "snapshot_aborted"]
     cid = aborted["checkpoint_id"]
@@ -108,7 +81,7 @@ async def test_a_participant_whose_disk_fills_aborts_the_snapshot_and_the_one_be
     failed = [e for e in json_lines(actors["resources/0"].log_text()) if e.get("event") == "commit_failed"]
     assert [(e["checkpoint_id"], e["errno"]) for e in failed] == [(cid, "ENOSPC")]
 
-    code, out, err = await driver(config, run_name, state, amqp_url)
+    code, out, err = await run_driver(config, run_name, state, amqp_url)
     assert code == 0, err[-3000:]
     started = [e for e in json_lines(err) if e.get("event") == "restore_started"]
     assert [(e["snapshot"], e["saved_checkpoint"]) for e in started] == [
