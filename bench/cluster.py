@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from parkway.actors.config import RunConfig, from_dict
-from parkway.actors.controller import Controller, RunSummary
-from parkway.actors.logs import configure_logging
-from parkway.actors.tasks import Task, load_tasks
-from parkway.actors.workload import run_workload
+from parkway.actors.launch.workload import run_workload
+from parkway.actors.roles.controller.controller import Controller, RunSummary
+from parkway.actors.run.config import RunConfig, from_dict
+from parkway.actors.run.tasks import Task, load_tasks
+from parkway.actors.runtime.logs import configure_logging
 from parkway.brokers.base import Broker
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.messages import Status, StatusReport
@@ -163,7 +163,7 @@ def spawn_actors(data: dict[str, Any], state: Path, log_level: str) -> list[subp
         PARKWAY_STATE_DIR=str(state),
         PARKWAY_BROKER_URL=URL,
     )
-    command = [sys.executable, "-m", "parkway.actors.cli", "actor"]
+    command = [sys.executable, "-m", "parkway.actors", "actor"]
     return [
         subprocess.Popen(
             [*command, role, "--replica", str(i), "--config", str(config_path), "--log-level", log_level],
@@ -197,7 +197,7 @@ def tasks_file(prompts: int, *, turns: tuple[int, int] | None = None) -> Path:
     them ``low`` to ``high`` turns (rollouts of unequal length finish steadily, not in waves)."""
     import json
 
-    from parkway.actors.tasks import BUILTIN
+    from parkway.actors.run.tasks import BUILTIN
 
     mixed = BUILTIN["mixed"]
     path = Path(tempfile.mkdtemp(prefix="parkway-bench-tasks-")) / "tasks.jsonl"

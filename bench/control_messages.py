@@ -29,7 +29,7 @@ import uuid
 from typing import Any
 
 import cluster
-from parkway.actors import workload as workload_module
+from parkway.actors.launch import workload as workload_module
 from parkway.protocol import codec
 
 CONTROL = ("Status", "Prepare", "Renew", "Commit", "Resume", "Abort", "Retire", "Ack")

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 import cluster
-from parkway.actors.controller import RunSummary
+from parkway.actors.roles.controller.controller import RunSummary
 
 LEVELS = ("prompt_group", "sibling", "turn")
 PROMPTS = 6

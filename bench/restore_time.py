@@ -65,7 +65,7 @@ def workload(rollouts: int, *, delay: float) -> dict[str, Any]:
 async def make_snapshot(rollouts: int, state: _Path) -> dict[str, Any]:
     """A run stopped dead right after its first snapshot: that snapshot and nothing after it."""
     import cluster
-    from parkway.actors.controller import SimulatedCrash
+    from parkway.actors.roles.controller.controller import SimulatedCrash
 
     data = workload(rollouts, delay=0.01)
     async with cluster.started(data, state=state) as c:
@@ -89,7 +89,7 @@ def restart(mode: str, rollouts: int, state: _Path) -> dict[str, Any]:
     # makes exactly one model call in the time measured, and "all resumed" can be counted.
     data = workload(rollouts, delay=0.05)
     if mode == "rabbitmq":  # nothing left on the broker from the restart before
-        from parkway.actors.config import from_dict
+        from parkway.actors.run.config import from_dict
 
         asyncio.run(cluster.delete_run(from_dict(data)))
     t0 = time.time()
@@ -117,9 +117,9 @@ def restart(mode: str, rollouts: int, state: _Path) -> dict[str, Any]:
 
 def child(mode: str, state: str, data_text: str) -> None:
     import cluster
-    from parkway.actors import controller as controller_module
-    from parkway.actors import snapshots
-    from parkway.actors.policy import Policy
+    from parkway.actors.roles.controller import controller as controller_module
+    from parkway.actors.roles.controller import snapshots
+    from parkway.actors.roles.policy import Policy
     from parkway.protocol.messages import Status, StatusReport
 
     marks: dict[str, float] = {"imported": time.time(), "process": T_PROCESS}

@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from parkway.actors.client import Client
+from parkway.actors.runtime.client import Client
 from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope
 from parkway.brokers.rabbitmq import RabbitBroker
 from parkway.protocol.messages import Probe, Status, StatusReport
@@ -92,7 +92,7 @@ async def bench_actor(url: str, n: int) -> dict[str, dict[str, float]]:
         [
             sys.executable,
             "-m",
-            "parkway.actors.cli",
+            "parkway.actors",
             "actor",
             "tq",
             "--broker",

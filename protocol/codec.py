@@ -21,7 +21,7 @@ _JSON_ALIASES = frozenset({JSON, "text/json"})
 
 # Bodies above this are refused before any parsing (control and data messages are small). The same
 # default as RabbitMQ 4's ``max_message_size`` (RabbitMQ 3 allows 128 MiB); actors and clients take
-# another limit from ``PARKWAY_MAX_BODY_BYTES`` (``actors/settings.py``).
+# another limit from ``PARKWAY_MAX_BODY_BYTES`` (``actors/runtime/settings.py``).
 MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 
 

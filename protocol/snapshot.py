@@ -1,6 +1,6 @@
 """The controller's save and restore sequences as data (SPEC sections 6 and 7).
 
-The coordinator (``actors/snapshots.py``) walks these tuples; each step is implemented in one place
+The coordinator (``actors/roles/controller/snapshots.py``) walks these tuples; each step is implemented in one place
 there, and the order, the stages and where an abort is still possible are read from here, not
 scattered across handlers. A failure at a step before ``PUBLISH`` aborts the snapshot under its id.
 """

@@ -4,7 +4,7 @@ tests/integration/test_chaos.py)."""
 from __future__ import annotations
 
 import pytest
-from parkway.actors.cli import main
+from parkway.actors.tools.cli import main
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from parkway.actors.cli import _parser
+from parkway.actors.tools.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import sys
 def test_the_demo_throws_away_six_turns_under_sibling_and_none_under_turn(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
     result = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", "demo", "--json"],
+        [sys.executable, "-m", "parkway.actors", "demo", "--json"],
         env=env,
         cwd=tmp_path,
         capture_output=True,

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def parkway(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
     return subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", *args],
+        [sys.executable, "-m", "parkway.actors", *args],
         env={**base, **env},
         cwd=cwd,
         capture_output=True,

@@ -22,7 +22,7 @@ from tests.actors.helpers import SNAPSHOT_RUN, crashed_run
 def parkway(*args: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
     return subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", "snapshots", *args],
+        [sys.executable, "-m", "parkway.actors", "snapshots", *args],
         env={**base, "PARKWAY_STATE_DIR": str(state), "PARKWAY_RUN": SNAPSHOT_RUN["run"], **env},
         capture_output=True,
         text=True,

@@ -19,7 +19,7 @@ def env() -> dict[str, str]:
 
 def test_up_starts_every_actor_and_each_answers(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", "up", "--for", "0.5"],
+        [sys.executable, "-m", "parkway.actors", "up", "--for", "0.5"],
         env=env(),
         cwd=tmp_path,
         capture_output=True,
@@ -47,7 +47,7 @@ def test_up_starts_every_actor_and_each_answers(tmp_path) -> None:
 
 def test_up_stops_cleanly_on_sigterm(tmp_path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "parkway.actors.cli", "up", "--topology", "tq=1,agent=1"],
+        [sys.executable, "-m", "parkway.actors", "up", "--topology", "tq=1,agent=1"],
         env=env(),
         cwd=tmp_path,
         stderr=subprocess.PIPE,
@@ -66,7 +66,7 @@ def test_up_stops_cleanly_on_sigterm(tmp_path) -> None:
 
 def test_a_bad_topology_is_a_clear_error(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", "up", "--topology", "wizard=2"],
+        [sys.executable, "-m", "parkway.actors", "up", "--topology", "wizard=2"],
         env=env(),
         cwd=tmp_path,
         capture_output=True,
@@ -85,7 +85,7 @@ def free_port() -> int:
 def test_up_serves_the_metrics_of_every_actor_from_one_endpoint(tmp_path) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "parkway.actors.cli", "up", "--topology", "tq=1,agent=2"],
+        [sys.executable, "-m", "parkway.actors", "up", "--topology", "tq=1,agent=2"],
         env={**env(), "PARKWAY_METRICS_PORT": str(port)},
         cwd=tmp_path,
         stderr=subprocess.PIPE,
@@ -125,7 +125,7 @@ def test_a_metrics_port_in_use_is_a_clear_error(tmp_path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "parkway.actors.cli", "up", "--for", "0.1", "--metrics-port", str(port)],
+            [sys.executable, "-m", "parkway.actors", "up", "--for", "0.1", "--metrics-port", str(port)],
             env=env(),
             cwd=tmp_path,
             capture_output=True,

@@ -1,4 +1,4 @@
-"""A small deterministic "model" that speaks the tool-call format of ``actors/chat.py``.
+"""A small deterministic "model" that speaks the tool-call format of ``actors/sdk/chat.py``.
 
 It reads the prompt the way a trained policy would have to: the ``tools:`` and ``turns:`` lines of the
 system block say what it may call and how many turns it has; every ``<|tool|>`` block is a tool round
@@ -20,8 +20,8 @@ import random
 import struct
 from collections import defaultdict
 
-from parkway.actors import chat
 from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult, require_directory
+from parkway.actors.sdk import chat
 
 FILLER = (
     "let",

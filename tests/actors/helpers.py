@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from parkway.actors.client import Client
+from parkway.actors.runtime.client import Client
 from parkway.brokers.base import Envelope
 from parkway.protocol import codec
 from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
@@ -37,9 +37,9 @@ async def embedded_run(
     data: dict, state, *, snapshots: bool = True, stop_after: int | None = None, trainer=None
 ):
     """One workload of configuration ``data`` on a fresh in-memory cluster (a fresh "machine" each call)."""
-    from parkway.actors.config import from_dict
-    from parkway.actors.tasks import load_tasks
-    from parkway.actors.workload import run_workload
+    from parkway.actors.launch.workload import run_workload
+    from parkway.actors.run.config import from_dict
+    from parkway.actors.run.tasks import load_tasks
     from parkway.brokers.memory import MemoryBroker, MemoryHub
 
     config = from_dict(data)
@@ -70,7 +70,7 @@ SNAPSHOT_RUN = {
 async def crashed_run(state, published: int = 2):
     """The run directory of ``SNAPSHOT_RUN`` stopped dead right after its ``published``-th snapshot:
     real snapshots on disk, no COMPLETED marker."""
-    from parkway.actors.controller import SimulatedCrash
+    from parkway.actors.roles.controller.controller import SimulatedCrash
 
     try:
         await embedded_run(SNAPSHOT_RUN, state, stop_after=published)

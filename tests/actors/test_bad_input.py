@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parkway.actors.client import Client
-from parkway.actors.config import from_dict
-from parkway.actors.controller import Controller
-from parkway.actors.participant import Participant
-from parkway.actors.roles import ROLES
-from parkway.actors.settings import MAX_BODY_ENV, SettingsError, max_body_bytes
-from parkway.actors.tq import TransferQueue
-from parkway.actors.workload import role_options
+from parkway.actors.launch.roles import ROLES
+from parkway.actors.launch.workload import role_options
+from parkway.actors.roles.controller.controller import Controller
+from parkway.actors.roles.tq import TransferQueue
+from parkway.actors.run.config import from_dict
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.participant import Participant
+from parkway.actors.runtime.settings import MAX_BODY_ENV, SettingsError, max_body_bytes
 from parkway.brokers.base import Broker, DeadLetter, Envelope
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec

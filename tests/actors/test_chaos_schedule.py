@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from parkway.actors.chaos_schedule import (
+from parkway.actors.chaos.schedule import (
     BETWEEN,
     RESTORE_POINTS,
     SAVE_POINTS,
@@ -20,7 +20,7 @@ from parkway.actors.chaos_schedule import (
     render_table,
     table_rows,
 )
-from parkway.actors.history import Record
+from parkway.actors.runtime.history import Record
 
 
 def cells_of(plans) -> list[tuple[str, str]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from parkway.actors.config import ConfigError, RunConfig, from_dict, load
-from parkway.actors.tasks import TasksConfig, load_tasks
+from parkway.actors.run.config import ConfigError, RunConfig, from_dict, load
+from parkway.actors.run.tasks import TasksConfig, load_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 

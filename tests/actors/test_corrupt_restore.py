@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import structlog
 import yaml
-from parkway.actors.controller import RunSummary
-from parkway.actors.snapshot_inventory import inventory
-from parkway.actors.snapshots import NoValidSnapshot
+from parkway.actors.roles.controller.controller import RunSummary
+from parkway.actors.roles.controller.snapshots import NoValidSnapshot
+from parkway.actors.storage.inventory import inventory
 
 from tests.actors.helpers import SNAPSHOT_RUN, crashed_run, embedded_run
 
@@ -170,7 +170,7 @@ def test_parkway_run_exits_2_naming_what_is_wrong(state: Path) -> None:
     config.write_text(yaml.safe_dump(SNAPSHOT_RUN))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
     result = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", "run", "--config", str(config), "--json"],
+        [sys.executable, "-m", "parkway.actors", "run", "--config", str(config), "--json"],
         env={**env, "PARKWAY_STATE_DIR": str(state)},
         capture_output=True,
         text=True,

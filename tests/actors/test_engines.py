@@ -14,10 +14,10 @@ import subprocess
 import sys
 
 import pytest
-from parkway.actors import chat
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.deterministic import DeterministicEngine, request_rng
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec, build_engine, remote_engine_actor
+from parkway.actors.sdk import chat
 
 from tests.waiting import until
 
@@ -189,7 +189,7 @@ async def test_inline_pool() -> None:
 
 def test_importing_the_hosts_needs_no_ray() -> None:
     code = (
-        "import sys; import parkway.actors.engines.ray_host, parkway.actors.policy; "
+        "import sys; import parkway.actors.engines.ray_host, parkway.actors.roles.policy; "
         "print('ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from parkway.actors.environments import (
+from parkway.actors.sdk.environments import (
     ENVIRONMENTS,
     Bank,
     Counter,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from parkway.actors.agent import Agent
-from parkway.actors.controller import RunSummary, SetupError, SimulatedCrash
-from parkway.actors.participant import ParkReport
+from parkway.actors.roles.agent import Agent
+from parkway.actors.roles.controller.controller import RunSummary, SetupError, SimulatedCrash
+from parkway.actors.runtime.participant import ParkReport
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.snapshot import episode_mismatch
 
@@ -102,8 +102,8 @@ def test_a_mismatch_names_the_differing_episodes() -> None:
 
 async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, monkeypatch) -> None:
     # NeMo #4500-10: a failed restore resumed participants twice (Gym and RL both cleaned up).
-    from parkway.actors.participant import Participant
-    from parkway.actors.resources import Resources
+    from parkway.actors.roles.resources import Resources
+    from parkway.actors.runtime.participant import Participant
     from parkway.protocol.messages import Abort, Resume
 
     with pytest.raises(SimulatedCrash):
@@ -134,7 +134,7 @@ async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, 
 
 
 async def test_a_stalled_rollout_is_retried(tmp_path: Path, monkeypatch) -> None:
-    from parkway.actors.controller import Controller
+    from parkway.actors.roles.controller.controller import Controller
 
     task_options = Controller._task_options
 
@@ -179,7 +179,7 @@ async def test_an_unanswered_resume_is_release_pending_and_resent_under_the_same
     tmp_path: Path, monkeypatch
 ) -> None:
     # NeMo #4500-7: one lost resume held participants closed for the whole lease.
-    from parkway.actors.resources import Resources
+    from parkway.actors.roles.resources import Resources
     from parkway.protocol.messages import Resume
 
     seen: list[str] = []
@@ -201,7 +201,7 @@ async def test_an_unanswered_resume_is_release_pending_and_resent_under_the_same
 
 async def test_a_failed_verify_does_not_leak_the_session(tmp_path: Path, monkeypatch) -> None:
     # NeMo #4117: a transient verify failure left the resources session alive forever.
-    from parkway.actors.environments import Environment, ToolError
+    from parkway.actors.sdk.environments import Environment, ToolError
 
     def broken_verify(self: Environment, calls: object) -> float:
         raise ToolError("verifier unavailable")
@@ -218,7 +218,7 @@ async def test_a_model_error_during_a_snapshot_keeps_the_rollout_parked(tmp_path
     # Found with vLLM: an error reply (not held like a reply) let a parked rollout fail between prepare and
     # commit, so the agent saved an attempt the ledger had already failed and the snapshot ended the run.
     from parkway.actors.engines.ray_host import EnginePool
-    from parkway.actors.policy import Policy
+    from parkway.actors.roles.policy import Policy
 
     state = {"closed": False, "errors": 0}
     close, release, generate = Policy.close_admission, Policy.release, EnginePool.generate
@@ -255,7 +255,7 @@ async def test_a_participant_whose_lease_lapsed_fails_one_snapshot_not_the_run(
     # the controller took that for a broken protocol and ended the run. A lapsed lease is a timeout.
     import time
 
-    from parkway.actors.participant import Participant
+    from parkway.actors.runtime.participant import Participant
     from parkway.protocol.messages import Commit
 
     lapses = {"left": 1}
@@ -280,7 +280,7 @@ async def test_a_restore_fences_the_restored_ledgers_dead_attempts(tmp_path: Pat
     # A restore drops every participant's fences (the dead cluster's may name attempt numbers the
     # restored ledger gives out again) and fences the restored timeline's: the attempts it restarts and
     # the ones that had failed before the snapshot.
-    from parkway.actors.history import HISTORY_ENV, read_history
+    from parkway.actors.runtime.history import HISTORY_ENV, read_history
 
     monkeypatch.setenv(HISTORY_ENV, "1")
     monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))

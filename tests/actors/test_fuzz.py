@@ -22,13 +22,13 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from parkway.actors.client import Client
-from parkway.actors.config import from_dict
-from parkway.actors.controller import Controller
-from parkway.actors.participant import Participant
-from parkway.actors.roles import ROLES
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import role_options
+from parkway.actors.launch.roles import ROLES
+from parkway.actors.launch.workload import role_options
+from parkway.actors.roles.controller.controller import Controller
+from parkway.actors.run.config import from_dict
+from parkway.actors.run.tasks import load_tasks
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.participant import Participant
 from parkway.brokers.base import REQUEST_ID_HEADER, Envelope
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec

@@ -12,7 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from parkway.actors.history import (
+from parkway.actors.chaos.check import CHECKS, Verdict, check, shortest_slice
+from parkway.actors.runtime.history import (
     HISTORY_ENV,
     History,
     HistoryFormatError,
@@ -22,7 +23,6 @@ from parkway.actors.history import (
     read_file,
     read_history,
 )
-from parkway.actors.history_check import CHECKS, Verdict, check, shortest_slice
 
 from tests.actors.helpers import embedded_run
 
@@ -457,7 +457,7 @@ async def test_a_real_clean_run_passes(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 async def test_a_real_crash_and_restore_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from parkway.actors.controller import SimulatedCrash
+    from parkway.actors.roles.controller.controller import SimulatedCrash
 
     monkeypatch.setenv(HISTORY_ENV, "1")
     monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))

@@ -9,18 +9,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from parkway.actors.agent import Agent
-from parkway.actors.client import Client
-from parkway.actors.config import from_dict
-from parkway.actors.controller import Controller
-from parkway.actors.metrics import MetricsEndpoint, process_registry
-from parkway.actors.runtime import Actor
-from parkway.actors.service import serve
-from parkway.actors.settings import RunSettings, SettingsError
-from parkway.actors.tasks import load_tasks
-from parkway.actors.tq import TransferQueue
-from parkway.actors.trainer import ExampleTrainer, GroupResult, TrainStep
-from parkway.actors.workload import embedded_actors, run_workload
+from parkway.actors.launch.service import serve
+from parkway.actors.launch.workload import embedded_actors, run_workload
+from parkway.actors.roles.agent import Agent
+from parkway.actors.roles.controller.controller import Controller
+from parkway.actors.roles.tq import TransferQueue
+from parkway.actors.run.config import from_dict
+from parkway.actors.run.tasks import load_tasks
+from parkway.actors.runtime.actor import Actor
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.metrics import MetricsEndpoint, process_registry
+from parkway.actors.runtime.settings import RunSettings, SettingsError
+from parkway.actors.sdk.trainer import ExampleTrainer, GroupResult, TrainStep
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.messages import (

@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 import pytest
 import structlog
-from parkway.actors.client import Client
-from parkway.actors.participant import ParkReport, Participant
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.messages import (

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from parkway.actors import chat
-from parkway.actors.client import Client
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.deterministic import DeterministicEngine
 from parkway.actors.engines.ray_host import EngineSpec
-from parkway.actors.policy import Policy
+from parkway.actors.roles.policy import Policy
+from parkway.actors.runtime.client import Client
+from parkway.actors.sdk import chat
 from parkway.brokers.base import Delivery
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode

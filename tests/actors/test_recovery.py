@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-from parkway.actors.config import from_dict
-from parkway.actors.controller import RunSummary, SimulatedCrash
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import run_workload
+from parkway.actors.launch.workload import run_workload
+from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
+from parkway.actors.run.config import from_dict
+from parkway.actors.run.tasks import load_tasks
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 from tests.actors.helpers import SECRET, embedded_run
@@ -75,7 +75,7 @@ async def test_a_snapshot_on_demand(tmp_path: Path) -> None:
     import asyncio
     import time
 
-    from parkway.actors.client import Client
+    from parkway.actors.runtime.client import Client
     from parkway.protocol.messages import Snapshot, SnapshotTaken
 
     config = from_dict(
@@ -118,7 +118,7 @@ async def test_trainer_checkpoints_anchor_snapshots(tmp_path: Path) -> None:
 async def test_a_trainer_checkpoint_without_its_snapshot_falls_back(tmp_path: Path, monkeypatch) -> None:
     # The crash comes after the fallback marker and the trainer's state are written, before the snapshot
     # anchored at that step: the restore keeps the group the trainer consumed and restarts the others.
-    from parkway.actors.snapshots import SnapshotCoordinator
+    from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 
     original = SnapshotCoordinator.write_trainer_checkpoint
 

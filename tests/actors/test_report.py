@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 import structlog
-from parkway.actors import cli, report
-from parkway.actors.controller import SimulatedCrash
-from parkway.actors.logs import configure_logging
-from parkway.actors.trainer import ExampleTrainer, GroupResult, TrainStep
+from parkway.actors.roles.controller.controller import SimulatedCrash
+from parkway.actors.runtime.logs import configure_logging
+from parkway.actors.sdk.trainer import ExampleTrainer, GroupResult, TrainStep
+from parkway.actors.tools import cli, report
 from parkway.protocol.messages import CanonicalRow
 
 from tests.actors.helpers import embedded_run
@@ -227,7 +227,7 @@ def test_the_command_on_a_log_file(crashed_run, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
     args = ["report", RUN, "--logs", str(crashed_run.log), "--out", str(tmp_path)]
     result = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", *args, "--json"],
+        [sys.executable, "-m", "parkway.actors", *args, "--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -238,7 +238,7 @@ def test_the_command_on_a_log_file(crashed_run, tmp_path: Path) -> None:
     assert summary["run"] == RUN and summary["rollouts"] == 9 and summary["crashes"] == 1
     assert Path(summary["png"]).read_bytes().startswith(PNG_MAGIC) and Path(summary["html"]).is_file()
     other = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", "report", "nosuchrun", "--logs", str(crashed_run.log)],
+        [sys.executable, "-m", "parkway.actors", "report", "nosuchrun", "--logs", str(crashed_run.log)],
         env=env,
         capture_output=True,
         text=True,

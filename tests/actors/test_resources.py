@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import structlog
-from parkway.actors.client import Client
-from parkway.actors.resources import Resources
+from parkway.actors.roles.resources import Resources
+from parkway.actors.runtime.client import Client
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.messages import (

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import structlog
-from parkway.actors.client import Client
-from parkway.actors.controller import Controller
-from parkway.actors.runtime import Actor
-from parkway.actors.tq import TransferQueue
+from parkway.actors.roles.controller.controller import Controller
+from parkway.actors.roles.tq import TransferQueue
+from parkway.actors.runtime.actor import Actor
+from parkway.actors.runtime.client import Client
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode

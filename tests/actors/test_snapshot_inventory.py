@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parkway.actors.config import from_dict
-from parkway.actors.snapshot_inventory import Kind, Problem, check_snapshot, inventory
-from parkway.actors.snapshots import SnapshotInvalid, config_fingerprint, select_snapshot, verify_snapshot
+from parkway.actors.roles.controller.snapshots import (
+    SnapshotInvalid,
+    config_fingerprint,
+    select_snapshot,
+    verify_snapshot,
+)
+from parkway.actors.run.config import from_dict
+from parkway.actors.storage.inventory import Kind, Problem, check_snapshot, inventory
 
 from tests.actors.helpers import SNAPSHOT_RUN, crashed_run
 

@@ -1,6 +1,6 @@
 """Storage that fails under a snapshot: a disk that fills up, an I/O error, a failed fsync or rename.
 
-The faults are injected at the real write call sites through fault points (``actors/faults.py``,
+The faults are injected at the real write call sites through fault points (``actors/runtime/faults.py``,
 ``PARKWAY_FAULTS=<point>[:<qualifier>]=<ERRNO>@N``): the participant's records half-written when the
 disk fills, the controller's ledger, manifest, fsyncs and rename. Each time the snapshot is aborted
 under its checkpoint id (every participant hears an ``Abort`` with that id), its temporary directory
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import structlog
-from parkway.actors.controller import RunSummary, SimulatedCrash
-from parkway.actors.faults import FAULTS_ENV, FaultPoints, FaultSpecError
-from parkway.actors.snapshot_inventory import check_snapshot
-from parkway.actors.snapshots import SnapshotCoordinator
+from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
+from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
+from parkway.actors.runtime.faults import FAULTS_ENV, FaultPoints, FaultSpecError
+from parkway.actors.storage.inventory import check_snapshot
 
 from tests.actors.helpers import SNAPSHOT_RUN, embedded_run
 

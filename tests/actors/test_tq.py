@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from parkway.actors.tq import TransferStore, logical_id
+from parkway.actors.roles.tq import TransferStore, logical_id
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.messages import StagingRow
 

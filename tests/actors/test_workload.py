@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from parkway.actors.config import from_dict
-from parkway.actors.controller import RunSummary
-from parkway.actors.tasks import load_tasks
-from parkway.actors.workload import run_workload
+from parkway.actors.launch.workload import run_workload
+from parkway.actors.roles.controller.controller import RunSummary
+from parkway.actors.run.config import from_dict
+from parkway.actors.run.tasks import load_tasks
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 from tests.actors.helpers import SECRET
@@ -92,7 +92,7 @@ def test_the_policy_and_resources_hold_every_rollouts_call_and_still_take_contro
     # A model call waiting at a closed admission gate holds its delivery; with a prefetch at or below
     # the rollouts in flight, the checkpoint's own Commit and Resume queued behind those calls (seen at
     # 1024 rollouts in flight: the commit timed out and the snapshot was aborted).
-    from parkway.actors.workload import CONTROL_HEADROOM, role_options
+    from parkway.actors.launch.workload import CONTROL_HEADROOM, role_options
 
     config = from_dict({"rollout": {"max_in_flight": 4096}, "policy": {"host": "inline"}})
     for role in ("policy", "resources"):
@@ -102,7 +102,7 @@ def test_the_policy_and_resources_hold_every_rollouts_call_and_still_take_contro
 async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_path: Path, monkeypatch) -> None:
     # With every task admitted at the start, each snapshot encoded (and each dispatch walked) all of
     # them: its cost grew with the dataset, not with the rollouts in flight.
-    from parkway.actors.controller import Controller
+    from parkway.actors.roles.controller.controller import Controller
 
     sizes: list[int] = []
     dispatch = Controller._dispatch_ready

@@ -102,9 +102,9 @@ def test_abort_ends_a_generation_and_in_flight_drains_to_zero(pool) -> None:
 def test_a_workload_on_vllm_turns_model_garbage_into_typed_failures(pool, tmp_path: Path) -> None:
     # A tiny random model writes nonsense: every attempt must end as a typed failure, nothing may crash,
     # and no tool session may leak.
-    from parkway.actors.config import from_dict
-    from parkway.actors.tasks import load_tasks
-    from parkway.actors.workload import run_workload
+    from parkway.actors.launch.workload import run_workload
+    from parkway.actors.run.config import from_dict
+    from parkway.actors.run.tasks import load_tasks
     from parkway.brokers.memory import MemoryBroker, MemoryHub
 
     runner, engines = pool
@@ -141,10 +141,10 @@ def test_a_crash_and_restore_with_vllm_keeps_every_finished_turn(pool, tmp_path:
     # tiny model says), a crash right after a snapshot, a restore under `turn`, the uncrashed transcripts.
     import json
 
-    from parkway.actors.config import from_dict
-    from parkway.actors.controller import RunSummary, SimulatedCrash
-    from parkway.actors.tasks import load_tasks
-    from parkway.actors.workload import run_workload
+    from parkway.actors.launch.workload import run_workload
+    from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
+    from parkway.actors.run.config import from_dict
+    from parkway.actors.run.tasks import load_tasks
     from parkway.brokers.memory import MemoryBroker, MemoryHub
 
     runner, engines = pool

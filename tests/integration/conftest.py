@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from parkway.actors.client import Client
+from parkway.actors.runtime.client import Client
 from parkway.brokers.rabbitmq import RabbitBroker
 
 from tests.integration.processes import SECRET, ActorProcess

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parkway.actors.client import Client
+from parkway.actors.runtime.client import Client
 from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.messages import Status, StatusReport
 
@@ -47,7 +47,7 @@ class ActorProcess:
             [
                 sys.executable,
                 "-m",
-                "parkway.actors.cli",
+                "parkway.actors",
                 "actor",
                 self.role,
                 "--replica",
@@ -131,9 +131,9 @@ async def wait_handling(client: Client, address: str, timeout: float = 20.0) -> 
 
 async def embedded_digest(config_path: Path, state: Path) -> str:
     """The transcripts digest of the same configuration run embedded, uncrashed, without snapshots."""
-    from parkway.actors.config import load
-    from parkway.actors.tasks import load_tasks
-    from parkway.actors.workload import run_workload
+    from parkway.actors.launch.workload import run_workload
+    from parkway.actors.run.config import load
+    from parkway.actors.run.tasks import load_tasks
     from parkway.brokers.memory import MemoryBroker, MemoryHub
 
     config = load(config_path, environ={})
@@ -157,7 +157,7 @@ async def run_driver(config: Path, run: str, state: Path, url: str, faults: str 
         [
             sys.executable,
             "-m",
-            "parkway.actors.cli",
+            "parkway.actors",
             "run",
             "--config",
             str(config),

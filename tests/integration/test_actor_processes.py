@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from parkway.actors.client import Client
+from parkway.actors.runtime.client import Client
 from parkway.protocol.messages import Probe, ProbeResult
 
 from tests.integration.processes import status_of, wait_handling, wait_ready

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from parkway.actors.chaos import Options, run_chaos
-from parkway.actors.chaos_schedule import ActorPoint, FaultKind, TimedFault, WorkloadPlan, quick_matrix
-from parkway.actors.history import read_history
-from parkway.actors.rabbit_node import rabbitmq_bin
+from parkway.actors.chaos.nemesis import Options, run_chaos
+from parkway.actors.chaos.schedule import ActorPoint, FaultKind, TimedFault, WorkloadPlan, quick_matrix
+from parkway.actors.launch.rabbit_node import rabbitmq_bin
+from parkway.actors.runtime.history import read_history
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def test_a_short_seeded_chaos_schedule_passes_the_history_checker(tmp_path: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
     command = ["chaos", "--seed", str(SEED), "--json", "--quiet", "--workdir", str(tmp_path / "chaos")]
     done = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", *command],
+        [sys.executable, "-m", "parkway.actors", *command],
         env=env,
         capture_output=True,
         text=True,

@@ -20,7 +20,7 @@ def parkway(
     args: list[str], run: str, tmp_path, url: str, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", *args],
+        [sys.executable, "-m", "parkway.actors", *args],
         env=actor_env(run, tmp_path / "cli", PARKWAY_BROKER_URL=url),
         capture_output=True,
         text=True,
@@ -196,7 +196,7 @@ async def test_logs_follow_a_live_checkpoint(spawn, client, amqp_url, run_name, 
         [
             sys.executable,
             "-m",
-            "parkway.actors.cli",
+            "parkway.actors",
             "logs",
             "--checkpoint-id",
             "live-1",

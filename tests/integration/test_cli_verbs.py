@@ -27,7 +27,7 @@ async def test_up_on_the_real_broker_serves_every_actor_until_sigterm(
 ) -> None:
     rabbit_cleanup(run_name, ["tq/0", "agent/0", "controller/0"])
     up = subprocess.Popen(
-        [sys.executable, "-m", "parkway.actors.cli", "up", "--topology", "tq=1,agent=1"],
+        [sys.executable, "-m", "parkway.actors", "up", "--topology", "tq=1,agent=1"],
         env=actor_env(run_name, tmp_path / "state", PARKWAY_BROKER_URL=amqp_url),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -104,7 +104,7 @@ async def test_sign_gives_headers_a_plain_pika_client_can_use(
         [
             sys.executable,
             "-m",
-            "parkway.actors.cli",
+            "parkway.actors",
             "sign",
             "--correlation-id",
             "signed-1",
@@ -169,7 +169,7 @@ async def test_snapshot_asks_a_running_workload_for_a_snapshot_now(
     for actor in actors:
         await wait_ready(client, actor, timeout=60)
     driver = subprocess.Popen(
-        [sys.executable, "-m", "parkway.actors.cli", "run", "--config", str(config), "--json"],
+        [sys.executable, "-m", "parkway.actors", "run", "--config", str(config), "--json"],
         env=actor_env(run_name, state, PARKWAY_BROKER_URL=amqp_url),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -189,7 +189,7 @@ async def test_snapshot_asks_a_running_workload_for_a_snapshot_now(
         # Follow the snapshot's lines live, from every process, before it exists.
         follower = subprocess.Popen(
             [
-                sys.executable, "-m", "parkway.actors.cli", "logs",
+                sys.executable, "-m", "parkway.actors", "logs",
                 "--checkpoint-id", "live-snap-1", "--follow", "--json",
             ],
             env=actor_env(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),

@@ -38,7 +38,7 @@ def service_commands() -> dict[str, tuple[list[str], dict[str, str]]]:
 def as_process(command: list[str]) -> list[str]:
     assert command[0] == "parkway"
     args = [arg.replace("/app/", f"{ROOT}/") for arg in command[1:]]
-    return [sys.executable, "-m", "parkway.actors.cli", *args]
+    return [sys.executable, "-m", "parkway.actors", *args]
 
 
 def service_env(environment: dict[str, str], *, url: str, run: str, state: Path) -> dict[str, str]:

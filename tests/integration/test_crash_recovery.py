@@ -52,7 +52,7 @@ def start_driver(
         [
             sys.executable,
             "-m",
-            "parkway.actors.cli",
+            "parkway.actors",
             "run",
             "--config",
             str(config_path),

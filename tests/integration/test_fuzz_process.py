@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from parkway.actors.client import Client
-from parkway.actors.roles import ROLES
+from parkway.actors.launch.roles import ROLES
+from parkway.actors.runtime.client import Client
 from parkway.brokers.base import REQUEST_ID_HEADER, Envelope
 from parkway.brokers.rabbitmq import RabbitBroker
 from parkway.protocol import codec
@@ -324,7 +324,7 @@ def test_then_every_process_does_real_work(cluster: Cluster) -> None:
     assert controller.wait(30) == 0, controller.log_text()[-3000:]
     # ... and a fresh one runs a whole workload with snapshots over the fuzzed participants.
     result = subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", "run", "--config", str(cluster.config), "--json"],
+        [sys.executable, "-m", "parkway.actors", "run", "--config", str(cluster.config), "--json"],
         env=actor_env(cluster.run, cluster.state, PARKWAY_BROKER_URL=AMQP_URL),
         capture_output=True,
         text=True,

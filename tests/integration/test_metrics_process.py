@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 import pytest
-from parkway.actors.client import Client
+from parkway.actors.runtime.client import Client
 from parkway.protocol.messages import Probe, ProbeResult
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -49,7 +49,7 @@ async def test_report_of_a_crashed_run_from_the_broker(spawn, client, amqp_url, 
         [
             sys.executable,
             "-m",
-            "parkway.actors.cli",
+            "parkway.actors",
             "report",
             run_name,
             "--broker",

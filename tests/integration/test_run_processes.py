@@ -45,7 +45,7 @@ async def test_a_full_run_with_every_actor_in_its_own_process(
         [
             sys.executable,
             "-m",
-            "parkway.actors.cli",
+            "parkway.actors",
             "run",
             "--config",
             str(config_path),

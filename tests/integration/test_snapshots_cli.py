@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
 def parkway(*args: str, run: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "parkway.actors.cli", *args],
+        [sys.executable, "-m", "parkway.actors", *args],
         env=actor_env(run, state, **env),
         capture_output=True,
         text=True,

@@ -1,0 +1,1 @@
+"""The nemesis: seeded faults over a real cluster, and the history checker."""

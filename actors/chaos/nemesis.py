@@ -1,0 +1,600 @@
+"""``parkway chaos``: the nemesis. Real processes on a real RabbitMQ, faults from a seed, a history check.
+
+For each workload of the plan (``chaos.schedule``) it starts a cluster of separate OS processes, every
+one recording its history (``PARKWAY_HISTORY=1``): ``tq``, ``policy``, ``resources`` x2, ``agent`` x2
+(``parkway actor``) and the controller (``parkway run``). While the workload runs it injects the plan's
+faults: processes SIGKILL themselves at exact protocol points (``PARKWAY_FAULTS``), and the harness
+SIGKILLs one actor or all of them, SIGSTOPs and SIGCONTs one process or all, and restarts or kills the
+broker (a throwaway RabbitMQ node this run owns). Like a supervisor, it starts again whatever died:
+an actor comes back as a new process, a controller comes back and restores the newest snapshot.
+
+When the controller finishes, the history checker (``chaos.check``) reads every process's history
+and the snapshots on disk; a workload passes when every check passes and the controller's summary
+says every rollout was sealed. Every workload has a deadline, the run has one too, and every process
+the harness started is gone when it returns, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parkway.actors.chaos.check import NEMESIS, Verdict, check
+from parkway.actors.chaos.cluster import CONTROLLER, Cluster, ControllerTail, Proc
+from parkway.actors.chaos.schedule import (
+    BETWEEN,
+    PARTICIPANTS,
+    FaultKind,
+    Injected,
+    TimedFault,
+    WorkloadPlan,
+    controller_step,
+    matrix,
+    plan_cells,
+    quick_matrix,
+    random_plan,
+    render_table,
+    table_rows,
+)
+from parkway.actors.launch.rabbit_node import BrokerNodeError, RabbitNode
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.history import History, history_dir, load_run, read_file
+from parkway.brokers.base import BrokerError
+from parkway.protocol.messages import Status, StatusReport
+
+POLL_S = 0.02  # how often the harness looks at its processes and the controller's history
+
+WORKLOAD_CONFIG = """\
+run: {run}
+seed: {seed}
+rollout: {{group_size: 3, max_turns: 6, stall_timeout_s: 120}}
+tasks: {{builtin: bank, limit: {tasks}}}
+policy: {{host: inline, per_token_delay_s: {token_delay}}}
+topology: {{agents: 2, resources: 2}}
+trainer: {{batch_groups: 1}}
+recovery: {{target_level: turn}}
+snapshot_interval_s: {interval}
+prepare_timeout_s: 5
+keep_latest_k: 1000000
+"""
+
+
+class ChaosError(Exception):
+    """The harness itself could not do its job (a broker that will not start, a process that will not
+    come up); the message says what."""
+
+
+@dataclass
+class Options:
+    seed: int = 1
+    workdir: Path = Path(".parkway/chaos")
+    broker_url: str | None = None  # None: a throwaway RabbitMQ node this run owns (broker faults on)
+    minutes: float | None = None  # a long run: random workloads until this much time has passed
+    quick: bool = True  # the short matrix (CI) instead of the full one
+    workloads: int | None = None  # at most this many workloads
+    workload_timeout_s: float = 240.0
+    tasks: int = 4  # bank tasks, 3 rollouts each
+    token_delay_s: float = 0.01
+    snapshot_interval_s: float = 0.5
+    keep_passing: bool = False  # keep the state of passing workloads too
+    plans: list[WorkloadPlan] | None = None  # exactly these workloads (tests), instead of a matrix
+    log: Any = None  # a callable(str) for progress lines
+
+
+@dataclass
+class WorkloadResult:
+    index: int
+    run: str
+    plan: str
+    faults: list[Injected] = field(default_factory=list)
+    verdict: Verdict | None = None
+    summary: dict[str, Any] | None = None
+    error: str | None = None  # the workload did not finish, or the harness failed
+    notes: list[str] = field(default_factory=list)  # unplanned exits and other things seen
+    wall_s: float = 0.0
+    controllers: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.error is None
+            and self.verdict is not None
+            and self.verdict.ok
+            and self.summary is not None
+            and self.summary.get("rollouts_sealed") == self.summary.get("rollouts_expected")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "run": self.run,
+            "plan": self.plan,
+            "passed": self.passed,
+            "error": self.error,
+            "notes": self.notes,
+            "wall_s": round(self.wall_s, 3),
+            "controllers": self.controllers,
+            "faults": [f.to_json() for f in self.faults],
+            "verdict": self.verdict.to_json() if self.verdict is not None else None,
+            "summary": self.summary,
+        }
+
+
+@dataclass
+class ChaosResult:
+    seed: int
+    workloads: list[WorkloadResult]
+    wall_s: float
+    broker: str
+
+    @property
+    def faults(self) -> list[Injected]:
+        return [f for w in self.workloads for f in w.faults]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.workloads) and all(w.passed for w in self.workloads) and bool(self.faults)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return table_rows(self.faults, {w.index: w.passed for w in self.workloads})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "passed": self.passed,
+            "wall_s": round(self.wall_s, 3),
+            "broker": self.broker,
+            "faults_injected": len(self.faults),
+            "rollouts_sealed": sum((w.summary or {}).get("rollouts_sealed", 0) for w in self.workloads),
+            "table": self.rows(),
+            "workloads": [w.to_json() for w in self.workloads],
+        }
+
+    def text(self) -> str:
+        lines = [render_table(self.rows()), ""]
+        for w in self.workloads:
+            sealed = (w.summary or {}).get("rollouts_sealed", "-")
+            expected = (w.summary or {}).get("rollouts_expected", "-")
+            state = "pass" if w.passed else "FAIL"
+            lines.append(
+                f"workload {w.index} ({w.run}): {state}, {len(w.faults)} faults, {w.controllers} controllers, "
+                f"sealed {sealed}/{expected}, {w.wall_s:.1f}s; plan: {w.plan}"
+            )
+            for note in w.notes:
+                lines.append(f"    note: {note}")
+            if w.error:
+                lines.append(f"    error: {w.error}")
+            if w.verdict is not None and not w.verdict.ok:
+                lines.extend("    " + line for line in w.verdict.report().splitlines())
+        lines.append("")
+        lines.append(
+            f"chaos seed {self.seed}: {'PASS' if self.passed else 'FAIL'}: {len(self.workloads)} workloads, "
+            f"{len(self.faults)} faults injected, {self.wall_s:.0f}s, broker {self.broker}"
+        )
+        return "\n".join(lines)
+
+
+# -- one workload -------------------------------------------------------------------------------
+class Workload:
+    def __init__(
+        self, plan: WorkloadPlan, *, options: Options, url: str, node: RabbitNode | None, secret: str
+    ) -> None:
+        self.plan = plan
+        self.options = options
+        self.node = node
+        self.run = f"chaos{options.seed}-w{plan.index}-{secrets.token_hex(3)}"
+        self.root = options.workdir / self.run
+        self.state = self.root / "state"
+        self.logs = self.root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.config = self.root / "run.yaml"
+        self.config.write_text(
+            WORKLOAD_CONFIG.format(
+                run=self.run,
+                seed=plan.seed,
+                tasks=options.tasks,
+                token_delay=options.token_delay_s,
+                interval=options.snapshot_interval_s,
+            )
+        )
+        self.cluster = Cluster(
+            url=url, run=self.run, state=self.state, config=self.config, secret=secret, logs=self.logs
+        )
+        self.history_dir = history_dir(self.state, self.run)
+        self.nemesis = History(self.history_dir / f"nemesis-0-{os.getpid()}.jsonl", f"{NEMESIS}/0")
+        self.result = WorkloadResult(plan.index, self.run, plan.describe())
+        self.controller_points = list(plan.controller_points)
+        self.actor_points = {p.address: p for p in plan.actor_points}
+        self.timed = sorted(plan.timed, key=lambda t: t.at_s)
+        self.started = 0.0
+
+    def say(self, text: str) -> None:
+        if self.options.log is not None:
+            self.options.log(f"[w{self.plan.index} {time.monotonic() - self.started:6.1f}s] {text}")
+
+    def inject(
+        self, kind: FaultKind | str, target: str, step: str, detail: str = "", *, exact: bool = True
+    ) -> Injected:
+        fault = Injected(self.plan.index, str(kind), target, step, time.time(), detail, exact)
+        self.result.faults.append(fault)
+        self.nemesis.record("fault", fault=str(kind), target=target, step=step, detail=detail)
+        self.say(f"fault {kind} {target} at {step} {detail}".rstrip())
+        return fault
+
+    # -- starting things ---------------------------------------------------------------------------
+    def start_actor(self, address: str) -> Proc:
+        point = self.actor_points.get(address)  # armed on each process of it until it fires
+        return self.cluster.start(address, point.spec if point is not None else "")
+
+    def start_controller(self) -> Proc:
+        point = self.controller_points[0] if self.controller_points else None
+        self.result.controllers += 1
+        return self.cluster.start(CONTROLLER, point.spec if point is not None else "")
+
+    async def wait_ready(self, client: Client, addresses: list[str], timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        for address in addresses:
+            proc = self.cluster.procs[address]
+            while True:
+                if proc.popen.poll() is not None:
+                    if proc.popen.returncode == -signal.SIGKILL and proc.armed:
+                        break  # died at its armed point already: the main loop handles it
+                    raise ChaosError(
+                        f"{address} exited ({proc.popen.returncode}):\n{self.cluster.log_tail(address)}"
+                    )
+                try:
+                    reply = await client.request(
+                        address,
+                        Status(checkpoint_id=f"ready-{time.monotonic_ns()}", deadline=time.time() + 1.0),
+                    )
+                    if isinstance(reply, StatusReport) and reply.pid == proc.pid:
+                        break
+                except BrokerError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ChaosError(
+                        f"{address} did not answer within {timeout:.0f}s:\n{self.cluster.log_tail(address)}"
+                    )
+                await asyncio.sleep(0.1)
+
+    # -- the run -----------------------------------------------------------------------------------
+    async def go(self) -> WorkloadResult:
+        from parkway.brokers.rabbitmq import RabbitBroker
+
+        self.started = time.monotonic()
+        deadline = self.started + self.options.workload_timeout_s
+        self.say(f"run {self.run}: {self.plan.describe()}")
+        try:
+            async with RabbitBroker(
+                self.cluster.url, self.run, connection_name=f"parkway-{self.run}-nemesis"
+            ) as broker:
+                client = Client(broker, secret=self.cluster.secret.encode(), sender="cli/nemesis")
+                for address in PARTICIPANTS:
+                    self.start_actor(address)
+                await self.wait_ready(client, list(PARTICIPANTS))
+                self.start_controller()
+                workload_start = time.monotonic()
+                tail = ControllerTail(self.history_dir)
+                while True:
+                    if time.monotonic() > deadline:
+                        self.result.error = (
+                            f"the workload did not finish within {self.options.workload_timeout_s:.0f}s "
+                            f"(controller at {controller_step(tail.records)})"
+                        )
+                        break
+                    tail.poll()
+                    if await self._check_controller(client):
+                        break
+                    await self._check_actors(client)
+                    await self._timed(client, tail, time.monotonic() - workload_start)
+                    await asyncio.sleep(POLL_S)
+        except ChaosError as exc:
+            self.result.error = str(exc)
+        except (BrokerError, OSError) as exc:
+            self.result.error = f"harness: {type(exc).__name__}: {exc}"
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.cluster.stop_actors)
+            self.cluster.reap_everything()
+            self.nemesis.close()
+        self.result.wall_s = time.monotonic() - self.started
+        self._relabel()
+        try:
+            self.result.verdict = check(load_run(self.state, self.run, chaos=True))
+        except (OSError, ValueError) as exc:
+            self.result.error = (self.result.error or "") + f"; history unreadable: {exc}"
+        if self.result.summary is None and self.result.error is None:
+            self.result.error = "the controller printed no summary"
+        self.say(
+            f"{'pass' if self.result.passed else 'FAIL'}: {len(self.result.faults)} faults, "
+            f"{self.result.controllers} controllers"
+        )
+        return self.result
+
+    async def _check_controller(self, client: Client) -> bool:
+        """True when the workload is over (the controller finished). A controller that died is
+        started again: it restores the newest snapshot."""
+        proc = self.cluster.procs[CONTROLLER]
+        code = proc.popen.poll()
+        if code is None:
+            return False
+        if code == 0:
+            try:
+                self.result.summary = json.loads(self.cluster.summary_path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                self.result.error = f"the controller's summary is not JSON: {exc}"
+            return True
+        summary = self._summary() if code == 1 else None
+        if summary is not None:  # it finished its run, with rollouts that failed for good
+            self.result.summary = summary
+            self.result.error = f"the run finished with {summary.get('rollouts_failed')} rollouts failed"
+            return True
+        point = self.controller_points[0] if self.controller_points else None
+        if code == -signal.SIGKILL and point is not None and proc.armed == point.spec:
+            self.controller_points.pop(0)
+            self.inject(point.kind, "cluster" if point.cluster else CONTROLLER, point.point)
+            if point.cluster:
+                self.cluster.kill_all()
+                for address in PARTICIPANTS:
+                    self.start_actor(address)
+                await self.wait_ready(client, list(PARTICIPANTS))
+        else:
+            reason = self.cluster.log_tail(CONTROLLER, 3).replace("\n", " | ")[-400:]
+            self.result.notes.append(f"controller exited {code} unplanned: {reason}")
+            self.nemesis.record("unplanned_exit", target=CONTROLLER, code=code)
+            self.say(f"controller exited {code}: {reason}")
+            if self.result.controllers > 12:
+                raise ChaosError(
+                    f"the controller keeps exiting ({self.result.controllers} processes): {reason}"
+                )
+        self.start_controller()
+        return False
+
+    def _summary(self) -> dict[str, Any] | None:
+        """The summary the controller printed, if it printed one (it finished its run)."""
+        try:
+            summary = json.loads(self.cluster.summary_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return summary if isinstance(summary, dict) else None
+
+    async def _check_actors(self, client: Client) -> None:
+        for address in PARTICIPANTS:
+            proc = self.cluster.procs[address]
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            if code == -signal.SIGKILL and proc.armed:
+                self.actor_points.pop(address, None)
+                point = proc.armed.split("@")[0]
+                self.inject(
+                    FaultKind.KILL_ACTOR,
+                    address,
+                    point if not point.startswith("participant_prepare") else "participant_prepare",
+                )
+            else:
+                reason = self.cluster.log_tail(address, 3).replace("\n", " | ")[-400:]
+                self.result.notes.append(f"{address} exited {code} unplanned: {reason}")
+                self.nemesis.record("unplanned_exit", target=address, code=code)
+            self.start_actor(address)
+            await self.wait_ready(client, [address])
+
+    async def _timed(self, client: Client, tail: ControllerTail, elapsed: float) -> None:
+        if not self.timed:
+            return
+        fault = self.timed[0]
+        if elapsed < fault.at_s:
+            return
+        if fault.at_step is not None:
+            last = next((r for r in reversed(tail.records) if r.kind == "snap"), None)
+            if last is None or last.fields.get("step") != fault.at_step or last.t < time.time() - 1.0:
+                return  # wait for the controller to start that step (the tail lags by one poll at most)
+        self.timed.pop(0)
+        await self._fire(client, fault)
+
+    async def _fire(self, client: Client, fault: TimedFault) -> None:
+        kind, target = fault.kind, fault.target
+        planned = fault.at_step or BETWEEN
+        if kind is FaultKind.KILL_ACTOR:
+            self.cluster.kill(target)
+            self.inject(kind, target, planned, exact=False)
+            self.start_actor(target)
+            await self.wait_ready(client, [target])
+        elif kind is FaultKind.PAUSE_ACTOR:
+            name = CONTROLLER if target == "controller" else target
+            self.cluster.signal(name, signal.SIGSTOP)
+            self.inject(kind, target, planned, f"{fault.hold_s:.1f}s", exact=False)
+            await asyncio.sleep(fault.hold_s)
+            self.cluster.signal(name, signal.SIGCONT)
+        elif kind is FaultKind.PAUSE_CLUSTER:
+            names = [p.name for p in self.cluster.alive()]
+            for name in names:
+                self.cluster.signal(name, signal.SIGSTOP)
+            self.inject(kind, "cluster", planned, f"{fault.hold_s:.1f}s", exact=False)
+            await asyncio.sleep(fault.hold_s)
+            for name in names:
+                self.cluster.signal(name, signal.SIGCONT)
+        elif kind in (FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL):
+            if self.node is None:
+                self.result.notes.append(f"{kind} skipped: the broker is not this run's own node")
+                return
+            self.inject(kind, "broker", planned, exact=False)
+            action = self.node.restart_app if kind is FaultKind.BROKER_RESTART else self.node.kill_and_start
+            try:
+                await asyncio.to_thread(action)
+            except BrokerNodeError as exc:
+                raise ChaosError(f"{kind}: {exc}") from exc
+
+    def _relabel(self) -> None:
+        """Timed faults get the step the controller's history shows at their moment."""
+        records = []
+        for path in sorted(self.history_dir.glob("controller-0-*.jsonl")):
+            with contextlib.suppress(OSError, ValueError):
+                records.extend(read_file(path))
+        records.sort(key=lambda r: r.t)
+        for fault in self.result.faults:
+            if fault.exact:
+                continue
+            before = [r for r in records if r.t <= fault.t]
+            latest = before[-1].inc if before else None
+            seen = controller_step(r for r in before if r.inc == latest)
+            fault.detail = (fault.detail + f" planned {fault.step}").strip()
+            fault.step = seen if seen == BETWEEN else f"during {seen}"
+
+
+# -- the run ------------------------------------------------------------------------------------
+async def delete_run(url: str, run: str) -> None:
+    """Remove one workload's queues and exchanges from a shared broker."""
+    import aio_pika
+
+    with contextlib.suppress(Exception):
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel()
+            prefix = f"pk.{run}"
+            addresses = [*PARTICIPANTS, "controller/0"]
+            for name in [*(f"{prefix}.q.{a}" for a in addresses), f"{prefix}.dead", f"{prefix}.logs"]:
+                await channel.queue_delete(name)
+            for name in (prefix, f"{prefix}.dlx", f"{prefix}.logs"):
+                await channel.exchange_delete(name)
+
+
+def plans_for(options: Options, *, broker: bool) -> Iterator[WorkloadPlan]:
+    if options.plans is not None:
+        yield from options.plans
+        return
+    if options.minutes is not None:
+        index = 0
+        while options.workloads is None or index < options.workloads:
+            yield random_plan(index, options.seed, broker=broker)
+            index += 1
+        return
+    cells = quick_matrix(broker=broker) if options.quick else matrix(broker=broker)
+    plans = plan_cells(cells, options.seed)
+    yield from plans[: options.workloads] if options.workloads is not None else plans
+
+
+async def run_chaos(options: Options) -> ChaosResult:
+    """Every workload of the plan, each checked; bounded by ``minutes`` (long runs) or the plan."""
+    started = time.monotonic()
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_hex(16)
+    node: RabbitNode | None = None
+    results: list[WorkloadResult] = []
+    try:
+        if options.broker_url is None:
+            node = RabbitNode(f"parkway-chaos-{os.getpid()}")
+            await asyncio.to_thread(node.start)
+        url = options.broker_url or (node.url if node is not None else "")
+        deadline = started + options.minutes * 60 if options.minutes is not None else None
+        for plan in plans_for(options, broker=node is not None):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            workload = Workload(plan, options=options, url=url, node=node, secret=secret)
+            try:
+                results.append(await workload.go())
+            finally:
+                if node is None:  # a shared broker keeps nothing of ours (a node of our own goes whole)
+                    await delete_run(url, workload.run)
+            if results[-1].passed and not options.keep_passing:
+                shutil.rmtree(workload.root / "state" / "snapshots", ignore_errors=True)
+    finally:
+        if node is not None:
+            await asyncio.to_thread(node.stop)
+    broker_text = "own node" if options.broker_url is None else "shared"
+    return ChaosResult(options.seed, results, time.monotonic() - started, broker_text)
+
+
+# -- the command ----------------------------------------------------------------------------------
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--seed", type=int, default=1, help="the seed of the fault schedule (default 1)")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        help="a long run: random workloads from the full matrix until this many minutes have passed",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the full matrix of fault kinds by protocol step (default: the short one)",
+    )
+    parser.add_argument("--workloads", type=int, help="run at most this many workloads")
+    parser.add_argument(
+        "--broker",
+        help="use this RabbitMQ (URL) instead of a throwaway node of its own; broker faults are then skipped",
+    )
+    parser.add_argument(
+        "--workdir", default=".parkway/chaos", help="where each workload's state, history and logs go"
+    )
+    parser.add_argument(
+        "--workload-timeout", type=float, default=240.0, help="seconds a workload may take (default 240)"
+    )
+    parser.add_argument(
+        "--tasks", type=int, default=4, help="bank tasks per workload, 3 rollouts each (default 4)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the snapshots of passing workloads too")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def usage_error(args: Any) -> str | None:
+    """What is wrong with the command line, or None."""
+    if args.minutes is not None and not args.minutes > 0:
+        return f"--minutes {args.minutes}: want a number of minutes more than 0"
+    if args.workloads is not None and args.workloads < 1:
+        return f"--workloads {args.workloads}: want at least 1"
+    if not args.workload_timeout > 0:
+        return f"--workload-timeout {args.workload_timeout}: want a number of seconds more than 0"
+    if not 1 <= args.tasks <= 4:
+        return f"--tasks {args.tasks}: want 1 to 4 (the built-in bank tasks, 3 rollouts each)"
+    if args.minutes is not None and args.full:
+        return "--minutes draws its workloads from the full matrix already; drop --full"
+    return None
+
+
+def command(args: Any) -> int:
+    problem = usage_error(args)
+    if problem is not None:
+        print(f"parkway: chaos: {problem}", file=sys.stderr)
+        return 2
+    options = Options(
+        seed=args.seed,
+        workdir=Path(args.workdir),
+        broker_url=args.broker,
+        minutes=args.minutes,
+        quick=not args.full,
+        workloads=args.workloads,
+        workload_timeout_s=args.workload_timeout,
+        tasks=args.tasks,
+        keep_passing=args.keep,
+        log=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+    )
+
+    def terminate(*_: object) -> None:
+        raise KeyboardInterrupt  # unwinds through every finally: processes reaped, the node stopped
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        result = asyncio.run(run_chaos(options))
+    except KeyboardInterrupt:
+        print("parkway: chaos: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
+    except (ChaosError, BrokerNodeError) as exc:
+        print(f"parkway: chaos: {exc}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps(result.to_json(), sort_keys=True, default=str))
+    else:
+        print(result.text())
+    return 0 if result.passed else 1

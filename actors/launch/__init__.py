@@ -1,0 +1,1 @@
+"""Starting actors: embedded in one process, as services, as OS processes; a throwaway broker."""

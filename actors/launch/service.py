@@ -1,0 +1,88 @@
+"""Running actors as a long-lived service: signals, the log sink, graceful stop.
+
+SIGTERM or SIGINT: every actor finishes the handler in progress, leaves the rest unacked for
+redelivery, and the process exits 0. With a metrics port, the process serves every actor's Prometheus
+metrics (and its broker connection's) from one ``/metrics`` endpoint until it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+from parkway.actors.launch.roles import ROLES
+from parkway.actors.launch.workload import role_options
+from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime.actor import Actor
+from parkway.actors.runtime.faults import FaultPoints
+from parkway.actors.runtime.logs import BrokerLogSink, attach_sink, detach_sink
+from parkway.actors.runtime.metrics import metrics_endpoint
+from parkway.actors.runtime.participant import Participant
+from parkway.actors.runtime.settings import RunSettings
+from parkway.brokers.base import Broker
+
+log = structlog.get_logger("parkway.service")
+
+
+def build_actor(
+    role: str,
+    replica: int,
+    broker: Broker,
+    settings: RunSettings,
+    *,
+    durable: bool,
+    config: RunConfig | None = None,
+) -> Actor:
+    """One actor of ``role``; ``durable`` gives it a state dir (reply journal) under the state root."""
+    cls = ROLES[role]
+    state_dir = settings.state_root / "state" / settings.run / role / str(replica) if durable else None
+    kwargs: dict[str, object] = {
+        "secret": settings.secret,
+        "replica": replica,
+        "state_dir": state_dir,
+        "faults": FaultPoints(),
+        **role_options(role, config),
+    }
+    if issubclass(cls, Participant):
+        kwargs["snapshot_root"] = Path(settings.state_root) / "snapshots"
+    return cls(broker, **kwargs)  # type: ignore[arg-type]
+
+
+async def serve(
+    broker: Broker,
+    actors: list[Actor],
+    *,
+    duration_s: float | None = None,
+    on_started: Callable[[], Awaitable[None]] | None = None,
+    metrics_port: int = 0,
+) -> None:
+    """Start ``actors`` on ``broker`` and serve until a signal (or ``duration_s``), then stop cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sink = BrokerLogSink(broker)
+    sink.start()
+    attach_sink(sink)
+    try:
+        with metrics_endpoint(broker, actors, metrics_port):
+            for actor in actors:
+                await actor.start()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                # Again: starting Ray (the policy's engines) installs its own SIGTERM handler over ours.
+                loop.add_signal_handler(sig, stop.set)
+            if on_started is not None:
+                await on_started()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), duration_s)
+            log.info("service_stopping", actors=len(actors))
+            await asyncio.gather(*(actor.stop() for actor in actors))
+    finally:
+        await sink.stop()
+        detach_sink(sink)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

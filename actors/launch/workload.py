@@ -1,0 +1,131 @@
+"""Running a configured workload: every actor in one process on the in-memory broker (embedded),
+or the controller alone driving actors that run as services on a real broker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from parkway.actors.roles.controller.controller import Controller, RunSummary
+from parkway.actors.run.config import RunConfig
+from parkway.actors.run.tasks import Task
+from parkway.actors.runtime.actor import Actor
+from parkway.actors.runtime.logs import BrokerLogSink, attach_sink, detach_sink
+from parkway.actors.runtime.metrics import metrics_endpoint
+from parkway.actors.runtime.participant import Participant
+from parkway.actors.sdk.trainer import Trainer
+from parkway.brokers.base import Broker
+
+
+def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
+    """Constructor keywords a role takes from the run configuration."""
+    if config is None:
+        return {}
+    if role == "policy":
+        from parkway.actors.engines.ray_host import EngineSpec
+
+        policy = config.policy
+        if policy.engine == "vllm":
+            kwargs: dict[str, Any] = {
+                "model": policy.model,
+                "max_model_len": policy.max_model_len,
+                "tensor_parallel_size": policy.tensor_parallel_size,
+                "gpu_memory_utilization": policy.gpu_memory_utilization,
+                "kv_cache_memory_bytes": policy.kv_cache_memory_bytes,
+            }
+        else:
+            kwargs = {"per_token_delay_s": policy.per_token_delay_s}
+        return {
+            "engine": EngineSpec(kind=policy.engine, kwargs=kwargs),
+            "engine_host": policy.host,
+            "engines": policy.engines,
+            "prefetch": data_prefetch(config),
+        }
+    if role == "resources":
+        return {
+            "mode": config.resources.mode,
+            "tool_delay_s": config.resources.tool_delay_s,
+            "prefetch": data_prefetch(config),
+        }
+    return {}
+
+
+CONTROL_HEADROOM = 64  # deliveries left for control commands beside every rollout's call in flight
+
+
+def data_prefetch(config: RunConfig) -> int:
+    """Prefetch of the policy and the resources. Each rollout has at most one model call and one tool
+    call in flight, and a model call waits at a closed admission gate holding its delivery; were the
+    prefetch not above every rollout's call, a checkpoint's own Commit and Resume would queue behind the
+    calls that wait for them (seen at 1024 rollouts in flight: the commit timed out)."""
+    return config.rollout.max_in_flight + CONTROL_HEADROOM
+
+
+def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root: Path) -> list[Actor]:
+    """The whole cluster of a configuration, on one broker connection."""
+    from parkway.actors.launch.roles import ROLES
+
+    actors: list[Actor] = []
+    layout = [
+        ("tq", 1),
+        ("policy", 1),
+        ("resources", config.topology.resources),
+        ("agent", config.topology.agents),
+    ]
+    for role, count in layout:
+        cls = ROLES[role]
+        for replica in range(count):
+            kwargs: dict[str, Any] = {"secret": secret, "replica": replica, **role_options(role, config)}
+            if issubclass(cls, Participant):
+                kwargs["snapshot_root"] = state_root / "snapshots"
+            actors.append(cls(broker, **kwargs))
+    return actors
+
+
+async def run_workload(
+    broker: Broker,
+    secret: bytes,
+    config: RunConfig,
+    tasks: list[Task],
+    *,
+    embedded: bool,
+    state_root: Path,
+    trainer: Trainer | None = None,
+    snapshots: bool = True,
+    stop_after_snapshots: int | None = None,
+    metrics_port: int = 0,
+    controller: Controller | None = None,
+) -> RunSummary:
+    """Start what this process hosts, run the workload to completion, stop, return the summary.
+    With ``metrics_port``, their Prometheus metrics are served on it while the workload runs."""
+    actors = embedded_actors(broker, secret, config, state_root) if embedded else []
+    controller = controller or Controller(broker, secret=secret, replica=0)
+    started: list[Actor] = []
+    # Driving actors on a real broker, the controller's lines join theirs on the run's log stream
+    # (``parkway logs``, ``parkway report``); an embedded run's stream would die with the process.
+    sink = None if embedded else BrokerLogSink(broker)
+    if sink is not None:
+        sink.start()
+        attach_sink(sink)
+    with metrics_endpoint(broker, [*actors, controller], metrics_port):
+        try:
+            for actor in [*actors, controller]:
+                await actor.start()
+                started.append(actor)
+            return await controller.run_workload(
+                config,
+                tasks,
+                trainer,
+                snapshot_root=state_root / "snapshots" if snapshots else None,
+                stop_after_snapshots=stop_after_snapshots,
+            )
+        finally:
+            for actor in reversed(started):
+                await actor.stop()
+            if sink is not None:
+                await sink.stop()
+                detach_sink(sink)
+
+
+__all__ = ["RunSummary", "embedded_actors", "role_options", "run_workload"]

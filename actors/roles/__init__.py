@@ -1,0 +1,1 @@
+"""The five roles: controller, agent, resources, policy, tq."""

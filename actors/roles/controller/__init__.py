@@ -1,0 +1,1 @@
+"""The controller: the run's only coordinator, its snapshots and its restore."""

@@ -1,0 +1,327 @@
+"""The policy model: admission, in-flight calls, held replies, token lineage; engines in Ray actors.
+
+Each ``Generate`` is one model call, request id ``<capture key>:<call index>``. Its tokens go to TQ as
+one staging row *before* the reply goes back, so a lost reply never loses the capture.
+
+At a checkpoint (SPEC: "Policy prepare closes admission (new calls wait in the queue), lets accepted
+calls keep generating, and holds their replies until resume; it never waits for a generation to
+finish"):
+
+- ``close_admission`` closes the gate: calls that have not started generating wait for it to reopen;
+- calls already generating go on; one that finishes while the gate is closed publishes its staging
+  row and then holds its reply;
+- ``wait_until_parked`` returns at once: the policy is parked by construction;
+- ``release`` (Resume, Abort, lease lapse) reopens the gate, which starts the waiting calls and sends
+  the held replies.
+
+A graceful stop leaves calls that wait at the closed gate (not started, or holding a reply) unacked,
+for redelivery; the same request and seed give the same tokens again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+import structlog
+from parkway.actors.engines.base import GenerationRequest
+from parkway.actors.engines.ray_host import EnginePool, EngineSpec
+from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.ids import capture_key
+from parkway.protocol.messages import (
+    AttemptRef,
+    Commit,
+    FileDigest,
+    Generate,
+    Generated,
+    LoadWeights,
+    Message,
+    Restore,
+    Retire,
+    Rows,
+    StagingRow,
+    WeightsLoaded,
+)
+
+log = structlog.get_logger("parkway.policy")
+
+
+class Policy(Participant):
+    role = "policy"
+    prefetch: ClassVar[int] = 1024  # generations wait concurrently (on the engines or at the gate)
+
+    def __init__(
+        self,
+        *args: Any,
+        engine: EngineSpec | None = None,
+        engine_host: str = "ray",
+        engines: int = 1,
+        tq_address: str = "tq/0",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine_spec = engine or EngineSpec()
+        self.pool = EnginePool(self.engine_spec, host=engine_host, replicas=engines)
+        self.tq_address = tq_address
+        self.policy_version = 0  # set by the controller when weights change; stamped on every call
+        self._admission = asyncio.Event()
+        self._admission.set()
+        self._stopping = asyncio.Event()
+        self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
+        self._held: set[str] = set()  # request ids whose replies wait for release
+        self._restores = 0  # restores installed by this process: calls from before one are dropped
+        # A weight update: new calls wait while it runs; it waits for the calls generating to finish.
+        self.weights_dir: str | None = None  # None: the weights the engines started with
+        self._weights_open = asyncio.Event()
+        self._weights_open.set()
+        self._weights_lock = asyncio.Lock()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.handlers[Generate] = self.on_generate
+        self.handlers[LoadWeights] = self.on_load_weights
+        self.metrics.gauge(
+            "parkway_policy_requests_in_flight",
+            "Model calls generating or holding their reply for a checkpoint",
+            lambda: len(self._generating) + len(self._held),
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.pool.start()
+        await super().start()
+
+    async def stop(self) -> None:
+        self._stopping.set()  # calls waiting at a closed gate give up; they are redelivered later
+        try:
+            await super().stop()
+        finally:
+            await self.pool.stop()
+
+    # -- model calls ---------------------------------------------------------------------------
+    async def on_generate(self, call: Generate) -> Message:
+        attempt = (call.rollout_id, call.attempt)
+        self._refuse_retired(attempt)
+        restores = self._restores  # a restore while this call waits or generates makes it the dead cluster's
+        key = capture_key(call.rollout_id, call.attempt)
+        request_id = f"{key}:{call.call_index}"
+        await self.wait_for_gate(request_id, "admission")  # a call not yet generating waits while closed
+        self._refuse_retired(attempt, restores)
+        # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
+        version = max(call.policy_version, self.policy_version)
+        self._generating[request_id] = attempt
+        self.history.record("generate", r=call.rollout_id, a=call.attempt, i=call.call_index)
+        self._idle.clear()
+        try:
+            result = await self.pool.generate(
+                GenerationRequest(
+                    request_id=request_id,
+                    token_ids=call.token_ids,
+                    seed=call.seed,
+                    max_tokens=call.max_tokens,
+                    stop_token_ids=call.stop_token_ids,
+                )
+            )
+        except (ValueError, OverflowError) as exc:
+            # A request this engine cannot take (a token outside its vocabulary, a seed out of range).
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"the engine refused {request_id}: {exc}") from exc
+        finally:
+            self._generating.pop(request_id, None)
+            if not self._generating:
+                self._idle.set()
+        self.counts["model_calls"] += 1
+        self.counts["tokens_generated"] += len(result.token_ids)
+        self._refuse_retired(
+            attempt, restores
+        )  # retired while generating: nothing to capture, nobody to answer
+        row = StagingRow(
+            capture_key=key,
+            turn=call.call_index,
+            token_ids=result.token_ids,
+            logprobs=result.logprobs,
+            policy_version=version,
+        )
+        try:
+            await self.client.send(self.tq_address, Rows(rows=(row,)), correlation_id=request_id)
+        except BrokerError as exc:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"staging row for {request_id} not sent: {exc}"
+            ) from exc
+        self.history.record("generated", r=call.rollout_id, a=call.attempt, i=call.call_index)
+        log.debug(
+            "generated",
+            request_id=request_id,
+            tokens=len(result.token_ids),
+            finish_reason=result.finish_reason,
+            policy_version=version,
+        )
+        if not self._admission.is_set():  # finished during a checkpoint: hold the reply until release
+            self.counts["replies_held"] += 1
+            self._held.add(request_id)
+            try:
+                await self.wait_for_gate(request_id, "reply")
+            finally:
+                self._held.discard(request_id)
+        return Generated(
+            rollout_id=call.rollout_id,
+            attempt=call.attempt,
+            call_index=call.call_index,
+            token_ids=result.token_ids,
+            logprobs=result.logprobs,
+            finish_reason=result.finish_reason,
+            policy_version=version,
+        )
+
+    async def on_retire(self, command: Retire) -> Message:
+        reply = await super().on_retire(command)
+        for request_id, attempt in list(self._generating.items()):
+            if attempt in self.retired:
+                await self.pool.abort(request_id)
+        return reply
+
+    # -- weight updates ------------------------------------------------------------------------
+    async def on_load_weights(self, command: LoadWeights) -> Message:
+        """New weights for every engine replica. Calls already generating finish on the old weights
+        (their version is the one they were sent with); calls that arrive meanwhile wait, then run on
+        the new ones. Loading the version already loaded from the same directory is a no-op."""
+        async with self._weights_lock:
+            if command.policy_version < self.policy_version or (
+                command.policy_version == self.policy_version and command.directory != self.weights_dir
+            ):
+                raise ProtocolError(
+                    ErrorCode.INVALID_MESSAGE,
+                    f"policy version {command.policy_version} from {command.directory} is not newer than "
+                    f"the loaded {self.policy_version} from {self.weights_dir or 'the start-up weights'}",
+                )
+            if command.policy_version == self.policy_version:
+                return WeightsLoaded(
+                    policy_version=self.policy_version, directory=command.directory, replicas=0, seconds=0.0
+                )
+            started = time.monotonic()
+            replicas = await self._load(command.directory)
+            self.policy_version = command.policy_version
+            self.counts["weight_updates"] += 1
+            seconds = time.monotonic() - started
+            log.info(
+                "weights_loaded",
+                policy_version=self.policy_version,
+                directory=command.directory,
+                replicas=replicas,
+                seconds=round(seconds, 3),
+            )
+            return WeightsLoaded(
+                policy_version=self.policy_version,
+                directory=command.directory,
+                replicas=replicas,
+                seconds=seconds,
+            )
+
+    async def _load(self, directory: str) -> int:
+        self._weights_open.clear()
+        try:
+            await self._idle.wait()
+            try:
+                replicas = await self.pool.load_weights(directory)
+            except (FileNotFoundError, NotImplementedError) as exc:
+                raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"weights not loaded: {exc}") from None
+            self.weights_dir = directory
+            return replicas
+        finally:
+            self._weights_open.set()
+
+    def _refuse_retired(self, attempt: tuple[str, int], restores: int | None = None) -> None:
+        if attempt in self.retired:
+            self.history.record("refused", r=attempt[0], a=attempt[1], code="stale_attempt")
+            raise ProtocolError(ErrorCode.STALE_ATTEMPT, f"attempt {attempt[1]} of {attempt[0]} is retired")
+        if restores is not None and restores != self._restores:
+            # Not a verdict on the attempt (the restored ledger may reuse its number), so not cached:
+            # a call with this request id after the restore is served afresh.
+            self.history.record("refused", r=attempt[0], a=attempt[1], code="restored")
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE,
+                f"attempt {attempt[1]} of {attempt[0]}: the cluster was restored while this call waited",
+            )
+
+    async def wait_for_gate(self, request_id: str, why: str) -> None:
+        """Return when the gate is open; while stopping, a closed gate cancels the call instead.
+
+        ``why`` is "admission" (the call has not started generating) or "reply" (a held reply).
+        """
+        while not self._admission.is_set() or (why == "admission" and not self._weights_open.is_set()):
+            if self._stopping.is_set():
+                raise asyncio.CancelledError  # left unacked: redelivered to the next policy process
+            gate = self._weights_open if self._admission.is_set() else self._admission
+            opened = asyncio.ensure_future(gate.wait())
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            try:
+                await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                opened.cancel()
+                stopping.cancel()
+
+    # -- checkpoint hooks ----------------------------------------------------------------------
+    async def close_admission(self) -> None:
+        self._admission.clear()
+
+    async def wait_until_parked(self) -> ParkReport:
+        # Never waits for a generation: accepted calls keep generating and their replies are held.
+        return ParkReport(parked=len(self._generating) + len(self._held))
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        # The policy's own state is its weights' version; the calls in flight are recorded for
+        # diagnosis only (their agents re-send them after a restore: same request, same tokens).
+        record = {
+            "role": self.role,
+            "replica": self.replica,
+            "checkpoint_id": command.checkpoint_id,
+            "episodes": [msgspec.to_builtins(e) for e in command.episodes],
+            "policy_version": self.policy_version,
+            "weights_dir": self.weights_dir,
+            "generating": sorted(self._generating),
+            "held": sorted(self._held),
+        }
+        return (self.write_records(directory / "participant.msgpack", [record]),)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        # Read first: a snapshot that cannot be read changes nothing here.
+        [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
+        if not isinstance(record, dict):
+            raise TypeError(f"participant.msgpack holds a {type(record).__name__}, not a record")
+        weights_dir = record.get("weights_dir")
+        policy_version = int(record["policy_version"])
+        # Calls in flight belong to the cluster that died: abort them and capture nothing of them (the
+        # restored agents re-issue what they need: same request, same tokens). Their attempts are not
+        # fenced here: the controller fences exactly the attempts the snapshot holds, and the restored
+        # ledger may give an attempt of the dead cluster's its number again.
+        self._restores += 1
+        for request_id, attempt in list(self._generating.items()):
+            await self.pool.abort(request_id)
+            self.history.record("aborted", r=attempt[0], a=attempt[1], request=request_id)
+        if weights_dir is not None and weights_dir != self.weights_dir:
+            # The rollouts resume on the weights they were generating with, not on the start-up ones.
+            await self._load(weights_dir)
+        self.policy_version = policy_version
+        return ()
+
+    async def release(self) -> None:
+        self._admission.set()
+
+    @property
+    def admission_open(self) -> bool:
+        return self._admission.is_set()
+
+    @property
+    def loading_weights(self) -> bool:
+        return not self._weights_open.is_set()
+
+    @property
+    def held_replies(self) -> int:
+        return len(self._held)
+
+    @property
+    def generating(self) -> int:
+        return len(self._generating)

@@ -1,0 +1,375 @@
+"""Resources (tool servers): per-rollout sessions with a revision counter and exactly-once tool calls.
+
+A session belongs to one attempt of one rollout. The first ``ToolCall`` of a rollout opens it in the
+environment the call names (initial state from the call's seed); every call is keyed by
+(rollout_id, attempt, call_index), so a call delivered twice (a retry after a lost reply, a redelivery
+after a crash) returns the stored result instead of mutating again. Attempts only move forward: a call
+from an older attempt than the session's is refused, one from a newer attempt starts a fresh session.
+A session opens at its attempt's first call only: a server that restarted lost its sessions, and the
+later calls of an attempt it no longer holds are refused (``stale_attempt``) rather than answered from a
+fresh state that silently lacks the mutations applied before.
+
+Two tool names are reserved: ``verify`` scores the session from the agent's record and retires it,
+``release`` retires it without a score. A retired attempt stays fenced (late calls get
+``stale_attempt``) until the controller's ``Forget``; a repeated verify or release gets the same answer.
+
+Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mistakes, answered as
+``ToolResult(ok=False)``; protocol errors (stale attempt, unknown environment) are ``Error`` replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+import structlog
+from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.actors.sdk.environments import ENVIRONMENTS, Environment, Record, ToolError
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import (
+    AttemptRef,
+    Commit,
+    FileDigest,
+    Forget,
+    Message,
+    Restore,
+    Retire,
+    ToolCall,
+    ToolResult,
+)
+
+log = structlog.get_logger("parkway.resources")
+
+MODES = ("exported", "stateless", "restart_only")
+VERIFY = "verify"
+RELEASE = "release"
+RESERVED_TOOLS = frozenset({VERIFY, RELEASE})
+
+
+@dataclass
+class Session:
+    """One attempt's environment and every call answered in it, keyed by (attempt, call_index)."""
+
+    attempt: int
+    env: Environment
+    revision: int = 0  # +1 per applied mutation
+    results: dict[tuple[int, int], tuple[ToolCall, ToolResult]] = field(default_factory=dict)
+    retired: bool = False
+    ending: ToolResult | None = None  # the verify or release answer that retired it, if any
+    # Call indices whose mutation this session's state holds, across a restore: the record that shows
+    # a mutation applied twice (a continued attempt must never send a saved call again).
+    applied: set[int] = field(default_factory=set)
+
+
+class Resources(Participant):
+    role = "resources"
+    # Tool calls of every rollout of its replicas run concurrently; a low prefetch would queue them here,
+    # and a queued call counts as in flight for a checkpoint (prepare waits for it).
+    prefetch: ClassVar[int] = 1024
+
+    def __init__(self, *args: Any, mode: str = "exported", tool_delay_s: float = 0.0, **kwargs: Any) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        if tool_delay_s < 0:
+            raise ValueError("tool_delay_s must be >= 0")
+        super().__init__(*args, **kwargs)
+        self.mode = mode
+        self.tool_delay_s = tool_delay_s  # simulated duration of each tool call (benchmarks, demos)
+        # rollout id -> its newest attempt's session; a retired one stays as a fence until Forget.
+        self.sessions: dict[str, Session] = {}
+        self.handlers[ToolCall] = self.on_tool_call
+
+    # -- the tool call -------------------------------------------------------------------------
+    async def on_tool_call(self, call: ToolCall) -> Message:
+        if self.tool_delay_s and call.tool != RELEASE:
+            await asyncio.sleep(self.tool_delay_s)  # the tool's own work, before anything is checked
+        # No await from here on: checking the key and applying the call happen in one step of the loop,
+        # so two deliveries of the same call can never both apply it.
+        self.counts["tool_calls"] += 1
+        session = self._session_for(call)
+        key = (call.attempt, call.call_index)
+        if session.retired:
+            result = self._after_retirement(session, call)
+        elif call.tool == RELEASE:
+            result = self._release(session, call)
+        elif key in session.results:
+            result = self._duplicate(session.results[key], call)
+        else:
+            result = self._run(session, call)
+            if not session.retired:  # a retired session keeps only its ending
+                session.results[key] = (call, result)
+        log.debug(
+            "tool_call", tool=call.tool, call_index=call.call_index, ok=result.ok, revision=result.revision
+        )
+        return result
+
+    def _session_for(self, call: ToolCall) -> Session:
+        """The session this call belongs to, opening (or replacing) it for a new attempt."""
+        session = self.sessions.get(call.rollout_id)
+        if session is not None and call.attempt < session.attempt:
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT,
+                f"{call.rollout_id} attempt {call.attempt} was replaced by attempt {session.attempt}",
+            )
+        current = session is not None and session.attempt == call.attempt
+        if not current and (call.rollout_id, call.attempt) in self.retired:
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT, f"{call.rollout_id} attempt {call.attempt} is retired"
+            )
+        if session is None or not current:
+            if call.call_index > 0 and call.tool != RELEASE:
+                # A session opens at its attempt's first call. One that arrives mid-way belongs to a
+                # session this server does not hold (it restarted and lost it): answering it from a
+                # fresh state would lose the mutations already applied, silently.
+                raise ProtocolError(
+                    ErrorCode.STALE_ATTEMPT,
+                    f"{self.address} holds no session of {call.rollout_id} attempt {call.attempt}: call "
+                    f"{call.call_index} cannot continue it (its earlier calls are lost with a restarted server)",
+                )
+            fresh = self.open_session(call)
+            if session is not None and not session.retired:
+                self.counts["sessions_retired"] += 1  # superseded by the newer attempt
+            session = self.sessions[call.rollout_id] = fresh
+            self.counts["sessions_opened"] += 1
+            self.history.record("session_opened", r=call.rollout_id, a=call.attempt, i=call.call_index)
+        if (session.env.name, session.env.seed) != (call.env, call.seed):
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"{call.rollout_id} attempt {call.attempt} runs in {session.env.name} with seed "
+                f"{session.env.seed}, not {call.env} with seed {call.seed}",
+            )
+        return session
+
+    def open_session(self, call: ToolCall) -> Session:
+        """A fresh session for the first call of an attempt: a live retry starts from the prompt.
+
+        This is the hook where restoring a saved session (exported mode) will plug in.
+        """
+        env_class = ENVIRONMENTS.get(call.env)
+        if env_class is None:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"unknown environment {call.env!r}; this server has {', '.join(sorted(ENVIRONMENTS))}",
+            )
+        return Session(attempt=call.attempt, env=env_class(call.seed))
+
+    def _duplicate(self, seen: tuple[ToolCall, ToolResult], call: ToolCall) -> ToolResult:
+        """The stored answer of a call already applied, after checking it is really the same call."""
+        first, result = seen
+        if (first.tool, first.arguments) != (call.tool, call.arguments):
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"call {call.call_index} of {call.rollout_id} attempt {call.attempt} was {first.tool} "
+                f"with other arguments; a call index names one call",
+            )
+        self.counts["tool_duplicates"] += 1
+        self.history.record("duplicate", r=call.rollout_id, a=call.attempt, i=call.call_index, tool=call.tool)
+        return result
+
+    def _after_retirement(self, session: Session, call: ToolCall) -> ToolResult:
+        """A repeated verify or release gets the ending again; anything else is too late."""
+        if call.tool not in RESERVED_TOOLS or session.ending is None:
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT, f"{call.rollout_id} attempt {call.attempt} is retired"
+            )
+        self.counts["tool_duplicates"] += 1
+        return msgspec.structs.replace(session.ending, call_index=call.call_index)
+
+    def _run(self, session: Session, call: ToolCall) -> ToolResult:
+        if call.tool == VERIFY:
+            return self._verify(session, call)
+        try:
+            output = session.env.apply(call.tool, dict(call.arguments))
+        except ToolError as err:
+            return self._result(session, call, ok=False, output={"error": err.message})
+        if session.env.spec(call.tool).mutates:
+            session.revision += 1
+            self.counts["tool_mutations_applied"] += 1
+            if call.call_index in session.applied:
+                self.counts["tool_mutations_duplicated"] += 1
+                log.error("mutation_applied_twice", call_index=call.call_index, tool=call.tool)
+            session.applied.add(call.call_index)
+            self.history.record(
+                "mutation",
+                r=call.rollout_id,
+                a=call.attempt,
+                i=call.call_index,
+                tool=call.tool,
+                rev=session.revision,
+                effect=output,
+            )
+        return self._result(session, call, ok=True, output=output)
+
+    def _release(self, session: Session, call: ToolCall) -> ToolResult:
+        """Retire without a score. It skips the index check: clean-up must work whatever index it
+        comes with (an agent that lost a call's reply releases under that call's index)."""
+        self.history.record("released", r=call.rollout_id, a=call.attempt)
+        return self._retire(call, session, self._result(session, call, ok=True, output={"released": True}))
+
+    def _verify(self, session: Session, call: ToolCall) -> ToolResult:
+        """Score the session from the agent's record; a malformed record is a tool error, not an ending."""
+        try:
+            record = parse_record(call.arguments)
+            reward = session.env.verify(record)
+        except ToolError as err:
+            return self._result(session, call, ok=False, output={"error": err.message})
+        if self.history.enabled:
+            self.history.record(
+                "verified",
+                r=call.rollout_id,
+                a=call.attempt,
+                reward=reward,
+                rev=session.revision,
+                applied=sorted(session.applied),
+                recorded=sum(1 for tool, _, _ in record if session.env.spec(tool).mutates),
+            )
+        return self._retire(call, session, self._result(session, call, ok=True, output={"reward": reward}))
+
+    def _retire(self, call: ToolCall, session: Session, ending: ToolResult) -> ToolResult:
+        """End the session with ``ending``, which a repeated verify or release gets again."""
+        self._fence(call.rollout_id, session)
+        session.ending = ending
+        return ending
+
+    def _fence(self, rollout_id: str, session: Session) -> None:
+        """Retire the attempt: drop its call results (only the ending is kept) and refuse later calls."""
+        if not session.retired:
+            self.counts["sessions_retired"] += 1
+        session.retired = True
+        session.results.clear()
+        self.retired.add((rollout_id, session.attempt))
+
+    @staticmethod
+    def _result(session: Session, call: ToolCall, *, ok: bool, output: dict[str, Any]) -> ToolResult:
+        return ToolResult(
+            rollout_id=call.rollout_id,
+            attempt=call.attempt,
+            call_index=call.call_index,
+            ok=ok,
+            output=output,
+            revision=session.revision,
+        )
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    async def wait_until_parked(self) -> ParkReport:
+        """Tool calls are short and handled in one step; a restart-only server reports its sessions
+        as restarts instead of making the snapshot wait (they restart from the prompt after a crash)."""
+        if self.mode == "restart_only":
+            live = tuple(
+                AttemptRef(rollout_id=r, attempt=s.attempt)
+                for r, s in sorted(self.sessions.items())
+                if not s.retired
+            )
+            return ParkReport(restarts=live)
+        return ParkReport(parked=sum(1 for s in self.sessions.values() if not s.retired))
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        saved = [] if self.mode == "restart_only" else _saved_sessions(self)
+        return (self.write_records(directory / "sessions.msgpack", saved),)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        """Reopen each saved session under its continuing attempt (the one in the restore's scope)."""
+        saved = msgspec.msgpack.decode((directory / "sessions.msgpack").read_bytes(), type=list[SavedSession])
+        continuing = {e.rollout_id: e.attempt for e in command.episodes}
+        restored = []
+        self.sessions.clear()
+        for item in saved:
+            attempt = continuing.get(item.rollout_id)
+            if attempt is None:
+                continue  # not continued (finished, or restarted from the prompt): nothing to reopen
+            env_class = ENVIRONMENTS[item.env_name]
+            env = Environment.restore(item.env) if item.env is not None else env_class(item.seed)
+            self.sessions[item.rollout_id] = Session(
+                attempt=attempt, env=env, revision=item.revision, applied=set(item.applied)
+            )
+            self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
+            self.counts["sessions_opened"] += 1
+            self.history.record(
+                "session_restored",
+                r=item.rollout_id,
+                a=attempt,
+                saved_attempt=item.attempt,
+                rev=item.revision,
+                applied=sorted(item.applied),
+            )
+            restored.append(AttemptRef(rollout_id=item.rollout_id, attempt=attempt))
+        return tuple(restored)
+
+    # -- the controller's retire and forget ----------------------------------------------------
+    async def on_retire(self, command: Retire) -> Message:
+        """Retiring an attempt also ends its session here: no score, and later calls are refused."""
+        reply = await super().on_retire(command)
+        for ref in command.attempts:
+            session = self.sessions.get(ref.rollout_id)
+            if session is not None and session.attempt == ref.attempt and not session.retired:
+                self._fence(ref.rollout_id, session)
+        return reply
+
+    async def on_forget(self, command: Forget) -> Message:
+        """Forgetting a retired attempt drops its fence, the session it left behind included."""
+        reply = await super().on_forget(command)
+        for ref in command.attempts:
+            session = self.sessions.get(ref.rollout_id)
+            if session is not None and session.attempt == ref.attempt and session.retired:
+                del self.sessions[ref.rollout_id]
+        return reply
+
+
+class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A session as a snapshot keeps it: its environment's state at the agents' boundaries."""
+
+    rollout_id: str
+    attempt: int
+    revision: int
+    env: dict[str, Any] | None  # None in stateless mode: the session reopens from its seed
+    env_name: str
+    seed: int
+    applied: tuple[int, ...] = ()
+
+
+def _saved_sessions(resources: Resources) -> list[SavedSession]:
+    """The sessions to save, sharing their live state: the caller encodes them before any await."""
+    saved = []
+    for rollout_id, session in sorted(resources.sessions.items()):
+        if session.retired:
+            continue
+        exported = session.env.export(copy_state=False) if resources.mode == "exported" else None
+        saved.append(
+            SavedSession(
+                rollout_id=rollout_id,
+                attempt=session.attempt,
+                revision=session.revision,
+                env=exported,
+                env_name=session.env.name,
+                seed=session.env.seed,
+                applied=tuple(sorted(session.applied)),
+            )
+        )
+    return saved
+
+
+def parse_record(arguments: dict[str, Any]) -> Record:
+    """The ``calls`` argument of ``verify``: a list of {"tool", "arguments", "output"} objects."""
+    if set(arguments) != {"calls"}:
+        raise ToolError(f"verify takes exactly one argument, 'calls', not {sorted(map(str, arguments))}")
+    calls = arguments["calls"]
+    if not isinstance(calls, list):
+        raise ToolError(f"verify: 'calls' must be a list, not {type(calls).__name__}")
+    record: Record = []
+    for position, entry in enumerate(calls):
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"tool", "arguments", "output"}
+            or not isinstance(entry["tool"], str)
+            or not isinstance(entry["arguments"], dict)
+            or not isinstance(entry["output"], dict)
+        ):
+            raise ToolError(
+                f"verify: calls[{position}] must be an object with a string 'tool' and object "
+                f"'arguments' and 'output', not {repr(entry)[:200]}"
+            )
+        record.append((entry["tool"], entry["arguments"], entry["output"]))
+    return record

@@ -1,0 +1,245 @@
+"""The TransferQueue actor: staging rows per model call, canonical rows per sealed rollout.
+
+Staging rows are keyed by (capture key, turn); a row that arrives twice with the same tokens is a
+duplicate delivery and is dropped. Lineage counts how often each (logical rollout, turn) was generated
+across attempts, so ``turns_regenerated`` says how much work a recovery threw away.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+from parkway.actors.runtime.participant import Participant, write_records
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import (
+    AttemptRef,
+    CanonicalRow,
+    CanonicalRows,
+    Commit,
+    FetchRows,
+    FileDigest,
+    Message,
+    Ok,
+    ReleaseRows,
+    Restore,
+    Rows,
+    SealRows,
+    StagingRow,
+)
+
+log = structlog.get_logger("parkway.tq")
+
+_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
+
+
+def logical_id(capture_key: str) -> str:
+    """The logical rollout id of a capture key (``g_g1-a2`` -> ``g_g1``)."""
+    return _ATTEMPT_SUFFIX.sub("", capture_key)
+
+
+def attempt_of(capture_key: str) -> tuple[str, int]:
+    """(logical rollout id, attempt) of a capture key (``g_g1-a2`` -> (``g_g1``, 2); no suffix: 0)."""
+    match = _ATTEMPT_SUFFIX.search(capture_key)
+    return (logical_id(capture_key), int(match[0][2:])) if match else (capture_key, 0)
+
+
+class TransferStore:
+    """The rows themselves. Pure: the actor wraps it; save/load go to one directory."""
+
+    def __init__(self) -> None:
+        self.staging: dict[str, dict[int, StagingRow]] = {}  # capture key -> turn -> row
+        self.canonical: dict[str, CanonicalRow] = {}
+        self.generations: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.keys: dict[str, set[str]] = {}  # logical rollout id -> capture keys of its staging rows
+        self.duplicates = 0
+        self.regenerated = 0
+
+    def add(self, row: StagingRow) -> bool:
+        """Store one staging row; False for a duplicate delivery of a row already stored."""
+        turns = self.staging.setdefault(row.capture_key, {})
+        if row.turn in turns:
+            self.duplicates += 1
+            return False
+        turns[row.turn] = row
+        logical = logical_id(row.capture_key)
+        self.keys.setdefault(logical, set()).add(row.capture_key)
+        lineage = (logical, row.turn)
+        self.generations[lineage] += 1
+        if self.generations[lineage] > 1:
+            self.regenerated += 1
+        return True
+
+    def seal(
+        self,
+        rollout_id: str,
+        attempt: int,
+        capture_key: str,
+        reward: float,
+        staging_keys: tuple[str, ...] = (),
+    ) -> CanonicalRow:
+        existing = self.canonical.get(rollout_id)
+        if existing is not None and existing.capture_key == capture_key:
+            return existing  # sealing twice is a no-op
+        if staging_keys:
+            turns = tuple(self._row(key) for key in staging_keys)
+        else:
+            turns = tuple(row for _, row in sorted(self.staging.get(capture_key, {}).items()))
+        if not turns:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"no staging rows for {capture_key} yet")
+        row = CanonicalRow(
+            rollout_id=rollout_id, attempt=attempt, capture_key=capture_key, reward=reward, turns=turns
+        )
+        self.canonical[rollout_id] = row
+        return row
+
+    def _row(self, staging_key: str) -> StagingRow:
+        key, _, turn = staging_key.rpartition(":")
+        row = self.staging.get(key, {}).get(int(turn)) if turn.isdigit() else None
+        if row is None:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"no staging row {staging_key} yet")
+        return row
+
+    def has(self, staging_key: str) -> bool:
+        key, _, turn = staging_key.rpartition(":")
+        return turn.isdigit() and int(turn) in self.staging.get(key, {})
+
+    def release(self, rollout_ids: tuple[str, ...]) -> int:
+        """Drop what the trainer consumed: each rollout's canonical row and the staging rows of all its
+        attempts; lineage keeps only the turns generated more than once (``turns_regenerated`` stays
+        exact). Without this every snapshot would write every row of the run so far. Returns the
+        staging rows dropped."""
+        dropped = 0
+        for rollout_id in rollout_ids:
+            self.canonical.pop(rollout_id, None)
+            for key in self.keys.pop(rollout_id, ()):
+                for turn in self.staging.pop(key, {}):
+                    dropped += 1
+                    if self.generations.get((rollout_id, turn), 0) <= 1:
+                        self.generations.pop((rollout_id, turn), None)
+        return dropped
+
+    @property
+    def turns_regenerated(self) -> int:
+        """Turn generations repeated for the same logical rollout and turn (work a recovery threw away)."""
+        return self.regenerated
+
+    def save(
+        self, directory: Path, write: Callable[[Path, list[Any]], FileDigest] = write_records
+    ) -> tuple[FileDigest, ...]:
+        staging = [row for key in sorted(self.staging) for _, row in sorted(self.staging[key].items())]
+        canonical = sorted(self.canonical.values(), key=lambda r: r.rollout_id)
+        lineage = sorted([k, t, n] for (k, t), n in self.generations.items())
+        return (
+            write(directory / "staging.msgpack", staging),
+            write(directory / "canonical.msgpack", canonical),
+            write(directory / "lineage.msgpack", lineage),
+        )
+
+    @classmethod
+    def load(cls, directory: Path) -> TransferStore:
+        store = cls()
+        staging = msgspec.msgpack.decode((directory / "staging.msgpack").read_bytes(), type=list[StagingRow])
+        canonical = msgspec.msgpack.decode(
+            (directory / "canonical.msgpack").read_bytes(), type=list[CanonicalRow]
+        )
+        lineage = msgspec.msgpack.decode(
+            (directory / "lineage.msgpack").read_bytes(), type=list[tuple[str, int, int]]
+        )
+        for row in staging:
+            store.staging.setdefault(row.capture_key, {})[row.turn] = row
+            store.keys.setdefault(logical_id(row.capture_key), set()).add(row.capture_key)
+        store.canonical = {r.rollout_id: r for r in canonical}
+        store.generations = collections.Counter({(k, t): n for k, t, n in lineage})
+        store.regenerated = sum(n - 1 for n in store.generations.values() if n > 1)
+        return store
+
+    def digest(self) -> str:
+        """One hash over every canonical row's tokens: equal transcripts, equal digests."""
+        h = hashlib.sha256()
+        for rollout_id in sorted(self.canonical):
+            for turn in self.canonical[rollout_id].turns:
+                h.update(f"{rollout_id}:{turn.turn}:".encode() + bytes(str(turn.token_ids), "ascii"))
+        return h.hexdigest()
+
+
+class TransferQueue(Participant):
+    role = "tq"
+    prefetch = 256
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.store = TransferStore()
+        self.handlers.update(
+            {
+                Rows: self.on_rows,
+                SealRows: self.on_seal_rows,
+                FetchRows: self.on_fetch_rows,
+                ReleaseRows: self.on_release_rows,
+            }
+        )
+
+    async def on_rows(self, message: Rows) -> None:
+        for row in message.rows:
+            if attempt_of(row.capture_key) in self.retired:  # fenced: generated for an attempt given up on
+                self.counts["staging_fenced"] += 1
+                self.history.record("refused", ck=row.capture_key, i=row.turn, code="stale_attempt")
+                continue
+            if self.store.add(row):
+                self.counts["staging_rows"] += 1
+                self.counts["turns_regenerated"] = self.store.turns_regenerated
+                self.history.record("staged", ck=row.capture_key, i=row.turn)
+            else:
+                self.counts["staging_duplicates"] += 1
+
+    async def on_seal_rows(self, message: SealRows) -> Message:
+        before = self.store.canonical.get(message.rollout_id)
+        row = self.store.seal(
+            message.rollout_id, message.attempt, message.capture_key, message.reward, message.staging_keys
+        )
+        self.counts["canonical_rows"] = len(self.store.canonical)
+        if row is not before:
+            self.history.record(
+                "sealed",
+                r=row.rollout_id,
+                a=row.attempt,
+                ck=row.capture_key,
+                turns=[t.turn for t in row.turns],
+                replaced=before.capture_key if before is not None else None,
+            )
+        return Ok(detail=f"{len(row.turns)} turns")
+
+    async def on_fetch_rows(self, message: FetchRows) -> Message:
+        rows = tuple(self.store.canonical[r] for r in message.rollout_ids if r in self.store.canonical)
+        missing = tuple(r for r in message.rollout_ids if r not in self.store.canonical)
+        return CanonicalRows(rows=rows, missing=missing)
+
+    async def on_release_rows(self, message: ReleaseRows) -> Message:
+        dropped = self.store.release(message.rollout_ids)
+        self.counts["rows_released"] += dropped
+        self.counts["canonical_rows"] = len(self.store.canonical)
+        return Ok(detail=f"released {dropped} staging rows of {len(message.rollout_ids)} rollouts")
+
+    def snapshot_parts(self) -> tuple[str, ...]:
+        # TQ's rows sit at the snapshot's top level (``tq/``), beside the ledger they are cut with.
+        return ("tq",)
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        return self.store.save(directory, write=self.write_records)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        self.store = TransferStore.load(directory)
+        self.history.record(
+            "restored",
+            cid=command.checkpoint_id,
+            location=command.location,
+            staged=sum(len(turns) for turns in self.store.staging.values()),
+            canonical=sorted(self.store.canonical),
+        )
+        return ()

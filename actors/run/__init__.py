@@ -1,0 +1,1 @@
+"""What a run is: its typed configuration and its tasks."""

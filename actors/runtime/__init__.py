@@ -1,0 +1,1 @@
+"""The actor runtime every role shares: the delivery pipeline, participants, clients, logs, metrics."""

@@ -1,0 +1,392 @@
+"""A checkpoint participant: the phase machine of ``protocol.phases`` wired to commands and hooks.
+
+Roles that take part in snapshots (agent, resources, policy, tq) subclass ``Participant`` and fill
+the hooks; the command handling, fencing, reply caching and the lease are the same for all of them:
+
+- ``close_admission``   at Prepare: stop taking new work (queued work waits, accepted work goes on);
+- ``wait_until_parked`` at Prepare: return when every rollout is at a boundary (event driven);
+- ``write_snapshot``    at Commit: write records under the snapshot directory, return their digests;
+- ``install_snapshot``  at Restore: load records, return the attempts restored;
+- ``release``           at Resume, Abort and lease lapse: reopen admission and release held replies.
+
+A participant whose lease lapses (no Renew, no Resume) resumes itself after the grace period, so one
+lost Resume holds it seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+from parkway.actors.runtime.actor import Actor
+from parkway.actors.runtime.faults import FaultPoints
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import (
+    CONTROL_COMMANDS,
+    Abort,
+    AttemptRef,
+    Capabilities,
+    Commit,
+    Committed,
+    Discover,
+    FileDigest,
+    Forget,
+    Message,
+    Ok,
+    Prepare,
+    Prepared,
+    Renew,
+    Restore,
+    Restored,
+    Resume,
+    Retire,
+)
+from parkway.protocol.phases import (
+    DEFAULT_LEASE_GRACE_S,
+    Event,
+    Outcome,
+    ParticipantPhases,
+    Phase,
+    Transition,
+)
+
+log = structlog.get_logger("parkway.participant")
+
+REPLY_MARGIN_S = 0.25
+CONTROL_TYPES = frozenset(command.__name__ for command in CONTROL_COMMANDS)
+
+
+@dataclass(frozen=True, slots=True)
+class ParkReport:
+    parked: int = 0
+    boundaries_passed: int = 0
+    restarts: tuple[AttemptRef, ...] = ()
+    waited_s: float = 0.0  # time spent waiting for rollouts to reach a boundary
+
+
+class Participant(Actor):
+    mode: str = "exported"  # exported | stateless | restart_only
+
+    def __init__(
+        self,
+        *args: Any,
+        snapshot_root: Path | None = None,
+        lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.phases = ParticipantPhases(lease_grace_s=lease_grace_s)
+        self.snapshot_root = snapshot_root
+        self.retired: set[tuple[str, int]] = set()
+        self._ended: dict[str, asyncio.Event] = {}
+        self._lease_changed = asyncio.Event()
+        self._release_pending: set[str] = set()  # resumed ids whose release waits for the reply
+        self._lease_task: asyncio.Task[None] | None = None
+        self._phase_since = time.monotonic()  # when the current phase began, for parkway_phase_seconds
+        self.metrics.timed_phases()
+        self.handlers.update(
+            {
+                Prepare: self.on_prepare,
+                Renew: self.on_renew,
+                Commit: self.on_commit,
+                Resume: self.on_resume,
+                Abort: self.on_abort,
+                Restore: self.on_restore,
+                Retire: self.on_retire,
+                Forget: self.on_forget,
+            }
+        )
+
+    # -- hooks (defaults: nothing in flight, nothing to save) ---------------------------------
+    async def close_admission(self) -> None:
+        """Stop admitting new work for the checkpoint."""
+
+    async def wait_until_parked(self) -> ParkReport:
+        return ParkReport()
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        record = {
+            "role": self.role,
+            "replica": self.replica,
+            "checkpoint_id": command.checkpoint_id,
+            "episodes": [msgspec.to_builtins(e) for e in command.episodes],
+        }
+        return (self.write_records(directory / "participant.msgpack", [record]),)
+
+    def write_records(self, path: Path, records: list[Any]) -> FileDigest:
+        """``write_records`` with this participant's ``commit_write`` fault point armed."""
+        return write_records(path, records, faults=self.faults, qualifier=self.role)
+
+    async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
+        return ()
+
+    async def release(self) -> None:
+        """Reopen admission and release held replies."""
+
+    # -- status --------------------------------------------------------------------------------
+    def phase_name(self) -> str:
+        return self.phases.phase.value
+
+    def status_extras(self) -> dict[str, Any]:
+        return {"checkpoint_id": self.phases.checkpoint_id, "lease_expires_at": self.phases.lease_expires_at}
+
+    async def on_discover(self, _: Discover) -> Message:
+        return Capabilities(
+            role=self.role, replica=self.replica, mode=self.mode, restart_only=self.mode == "restart_only"
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await super().start()
+        self._lease_task = asyncio.get_running_loop().create_task(self._watch_lease())
+
+    async def stop(self) -> None:
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+        await super().stop()
+
+    # -- command handlers ----------------------------------------------------------------------
+    async def on_prepare(self, command: Prepare) -> Message:
+        self.faults.reach("participant_prepare", self.role)  # crash tests: die in the middle of a prepare
+        cid = command.checkpoint_id
+        retry = self.phases.checkpoint_id == cid and self.phases.phase in (Phase.PREPARING, Phase.PREPARED)
+        if not retry:
+            self._apply(Event.PREPARE, cid, command.deadline)
+            self._ended[cid] = asyncio.Event()
+            await self.close_admission()
+        if self.phases.phase is Phase.PREPARED:
+            return Prepared(checkpoint_id=cid)
+        ended = self._ended.setdefault(cid, asyncio.Event())
+        parked = asyncio.ensure_future(self.wait_until_parked())
+        end_wait = asyncio.ensure_future(ended.wait())
+        try:
+            # Answer a little before the deadline, so "not parked yet" reaches the controller in time.
+            remaining = command.deadline - time.time()
+            timeout = max(0.0, remaining - min(REPLY_MARGIN_S, 0.1 * remaining))
+            done, _ = await asyncio.wait(
+                {parked, end_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            end_wait.cancel()
+        if parked not in done:
+            parked.cancel()
+            if end_wait in done or ended.is_set():
+                raise ProtocolError(ErrorCode.STALE_CHECKPOINT, f"{cid} ended while preparing")
+            raise ProtocolError(ErrorCode.DEADLINE_EXCEEDED, f"not parked before the deadline of {cid}")
+        report = parked.result()
+        self._apply(Event.PARKED, cid, None)
+        log.info("prepared", parked=report.parked, restarts=len(report.restarts))
+        return Prepared(
+            checkpoint_id=cid,
+            parked=report.parked,
+            boundaries_passed=report.boundaries_passed,
+            restarts=report.restarts,
+            waited_s=report.waited_s,
+        )
+
+    async def on_renew(self, command: Renew) -> Message:
+        self._apply(Event.RENEW, command.checkpoint_id, command.deadline)
+        return Ok(detail=f"lease until {self.phases.lease_expires_at}")
+
+    async def on_commit(self, command: Commit) -> Message:
+        # Check first, write, then move: a commit refused for its phase writes nothing.
+        self.phases.check(Event.COMMIT, command.checkpoint_id, now=time.time(), deadline=command.deadline)
+        directory = self.participant_dir(command.location)
+        try:
+            files = await self.write_snapshot(directory, command)
+        except OSError as exc:
+            # A write that failed (disk full, I/O error) leaves nothing half-written behind; the
+            # controller aborts the snapshot under this id and the previous one stays authoritative.
+            shutil.rmtree(directory, ignore_errors=True)
+            log.warning("commit_failed", error=str(exc), errno=errno_name(exc))
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"commit of {command.checkpoint_id} failed: {exc}"
+            ) from exc
+        self._apply(Event.COMMIT, command.checkpoint_id, command.deadline)
+        log.info("committed", files=len(files), episodes=len(command.episodes))
+        return Committed(checkpoint_id=command.checkpoint_id, files=files, episodes=command.episodes)
+
+    async def on_resume(self, command: Resume) -> Message:
+        # A resume needs no deadline check: releasing is always safe and always wanted.
+        transition = self._apply(Event.RESUME, command.checkpoint_id, None)
+        if transition.outcome is Outcome.MOVED:
+            # The release itself waits until the reply is written (``after_reply``): releasing first
+            # wakes every parked rollout (agents) or held call (policy), and their next steps would run
+            # before the reply, holding the controller's admission gate closed while they do.
+            await self._end(command.checkpoint_id, release=False)
+            self._release_pending.add(command.checkpoint_id)
+            return Ok(detail="resumed")
+        return Ok(detail=f"{command.checkpoint_id} had already ended")
+
+    async def after_reply(self, message: Message) -> None:
+        if isinstance(message, Resume) and message.checkpoint_id in self._release_pending:
+            self._release_pending.discard(message.checkpoint_id)
+            if self.phases.phase is Phase.IDLE:  # not when the next checkpoint already began preparing
+                await self.release()
+
+    async def on_abort(self, command: Abort) -> Message:
+        transition = self._apply(Event.ABORT, command.checkpoint_id, None)
+        if transition.outcome is Outcome.MOVED:
+            log.warning("aborted", reason=command.reason, phase_before=transition.before.value)
+            await self._end(command.checkpoint_id)
+            return Ok(detail=f"aborted in phase {transition.before.value}")
+        if transition.outcome is Outcome.FENCED:
+            self._ended.setdefault(command.checkpoint_id, asyncio.Event()).set()
+            return Ok(detail="fenced: that id can no longer start here")
+        return Ok(detail=f"{command.checkpoint_id} had already ended")
+
+    async def on_restore(self, command: Restore) -> Message:
+        self.phases.check(Event.RESTORE, command.checkpoint_id, now=time.time(), deadline=command.deadline)
+        # What this process remembers of the timeline that died goes: its fences and its cached replies
+        # to data messages (model calls, tool calls, seals) may name attempt numbers the restored
+        # ledger gives out again, and a cached reply would answer the new attempt without doing its
+        # work (no staging row, no mutation). The controller fences the restored timeline's dead
+        # attempts right after; replies to control commands stay (a resent command gets its answer).
+        directory = self.participant_dir(command.location)
+        try:
+            rollouts = await self.install_snapshot(directory, command)
+        except (
+            OSError,
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            KeyError,
+            TypeError,
+            ValueError,
+        ) as exc:
+            # A snapshot this participant cannot read (missing, truncated, not its records) is refused
+            # with what is wrong; installing reads everything before it changes anything.
+            detail = (
+                exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            )
+            where = directory.relative_to(self.snapshot_root) if self.snapshot_root else directory
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE, f"{command.location} cannot be restored: {where}: {detail}"
+            ) from exc
+        self.retired.clear()
+        self.replies.evict_all(keep=CONTROL_TYPES)
+        self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
+        self._ended[command.checkpoint_id] = asyncio.Event()
+        return Restored(checkpoint_id=command.checkpoint_id, rollouts=rollouts)
+
+    async def on_retire(self, command: Retire) -> Message:
+        for ref in command.attempts:
+            self.retired.add((ref.rollout_id, ref.attempt))
+        self.history.record(
+            "fence", cid=command.checkpoint_id, attempts=[[r.rollout_id, r.attempt] for r in command.attempts]
+        )
+        return Ok(detail=f"retired {len(command.attempts)}")
+
+    async def on_forget(self, command: Forget) -> Message:
+        for ref in command.attempts:
+            self.retired.discard((ref.rollout_id, ref.attempt))
+        return Ok(detail=f"forgot {len(command.attempts)}")
+
+    # -- helpers -------------------------------------------------------------------------------
+    def snapshot_parts(self) -> tuple[str, ...]:
+        """Where this participant's records go inside a snapshot directory."""
+        return ("participants", self.role, str(self.replica))
+
+    def participant_dir(self, location: str) -> Path:
+        """This participant's directory in snapshot ``location``; refused (``invalid_message``) when
+        a symlink planted anywhere on the way would lead it outside the run's snapshot directory.
+        (``location`` itself is one checked path component: see ``messages.LOCATION_PATTERN``.)"""
+        if self.snapshot_root is None:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"{self.address} has no snapshot root configured")
+        run_dir = self.snapshot_root / self.run
+        directory = run_dir.joinpath(location, *self.snapshot_parts())
+        base, target = os.path.realpath(run_dir), os.path.realpath(directory)
+        if os.path.commonpath([base, target]) != base or target == base:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"{directory} leads to {target}, outside the snapshot directory {base}: refused",
+            )
+        return directory
+
+    def _apply(self, event: Event, checkpoint_id: str, deadline: float | None) -> Transition:
+        transition = self.phases.apply(event, checkpoint_id, now=time.time(), deadline=deadline)
+        self._lease_changed.set()
+        if transition.outcome is Outcome.MOVED:
+            self._time_phase(transition)
+            log.info("phase", on=event.value, before=transition.before.value, after=transition.after.value)
+            self.history.record("phase", cid=checkpoint_id, on=event.value, after=transition.after.value)
+        return transition
+
+    def _time_phase(self, transition: Transition) -> None:
+        """Observe how long the phase just left lasted (a Renew stays in its phase: not a new one)."""
+        if transition.after is transition.before:
+            return
+        now = time.monotonic()
+        self.metrics.phase_left(transition.before.value, now - self._phase_since)
+        self._phase_since = now
+
+    async def _end(self, checkpoint_id: str, *, release: bool = True) -> None:
+        self._ended.setdefault(checkpoint_id, asyncio.Event()).set()
+        # An ended id answers Prepare/Commit/Restore with stale_checkpoint from now on, not with the
+        # reply it got while alive; re-sent Resume and Abort keep their cached answers.
+        self.replies.evict(checkpoint_id, keep=frozenset({"Resume", "Abort"}))
+        if release:
+            await self.release()
+        # Keep the end events of recent ids only; the phase machine's fence is the lasting record.
+        while len(self._ended) > 64:
+            self._ended.pop(next(iter(self._ended)))
+
+    async def _watch_lease(self) -> None:
+        while True:
+            self._lease_changed.clear()
+            expires = self.phases.lease_expires_at
+            if expires is None:
+                await self._lease_changed.wait()
+                continue
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that
+                # stop() sends when the lease changed in the same instant, and stop() then hangs.
+                async with asyncio.timeout(max(0.0, expires - time.time())):
+                    await self._lease_changed.wait()
+            except TimeoutError:
+                with structlog.contextvars.bound_contextvars(
+                    **self.log_context(), checkpoint_id=self.phases.checkpoint_id
+                ):
+                    transition = self.phases.lapse_if_expired(time.time())
+                    if transition is not None:
+                        self._time_phase(transition)
+                        log.warning("lease_lapsed", phase_before=transition.before.value)
+                        self.history.record("phase", cid=transition.checkpoint_id, on="lapse", after="idle")
+                        await self._end(transition.checkpoint_id)
+
+
+def errno_name(exc: OSError) -> str | None:
+    return errno.errorcode.get(exc.errno) if exc.errno is not None else None
+
+
+def write_records(
+    path: Path, records: list[Any], *, faults: FaultPoints | None = None, qualifier: str | None = None
+) -> FileDigest:
+    """Write msgpack records to ``path`` durably (fsync) and return the manifest entry.
+
+    ``faults``: the ``commit_write`` fault point fails this write half-way, as a full disk would."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = msgspec.msgpack.encode(records)
+    with open(path, "wb") as handle:
+        half = len(data) // 2
+        handle.write(data[:half])
+        if faults is not None:
+            handle.flush()
+            faults.reach("commit_write", qualifier, path=path)
+        handle.write(data[half:])
+        handle.flush()
+        os.fsync(handle.fileno())
+    return FileDigest(
+        path=path.name, sha256=hashlib.sha256(data).hexdigest(), records=len(records), size=len(data)
+    )

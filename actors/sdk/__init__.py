@@ -1,0 +1,1 @@
+"""What users write agents, environments and trainers against."""

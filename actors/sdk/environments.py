@@ -1,0 +1,301 @@
+"""Tool environments: the state behind a rollout's tool calls, pure and deterministic (no I/O).
+
+An environment starts from a seed, applies tool calls, and scores a session against the agent's own
+record of the calls that succeeded. The score is what makes crash recovery visible: it is 1.0 only
+when the state equals what applying exactly the recorded mutations once gives, so a mutation applied
+twice (a redelivered call run again) or lost (a crash between apply and reply) costs the reward.
+
+State is a plain JSON-friendly dict, so ``export``/``restore`` round-trip exactly through msgpack or
+JSON, and two environments compare equal when their states do.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
+
+from parkway.actors.sdk.chat import ToolSpec
+
+# Bounds of a ``word`` argument: one token as a model writes it, not free text.
+MAX_WORD_LENGTH = 64
+
+Record = list[tuple[str, dict[str, Any], dict[str, Any]]]
+
+
+class ToolError(Exception):
+    """A tool call the environment refuses (unknown tool, bad arguments, an illegal action).
+
+    It is the agent's mistake, not a protocol error: the tool server answers it as ``ok=False``.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Environment:
+    """Base of every environment. Subclasses set ``name`` and ``tools``, fill ``initial_state`` and
+    write one ``tool_<name>(self, **arguments) -> dict`` method per tool; ``apply`` validates the
+    arguments against the tool's ``ToolSpec`` before calling it, so tool methods see clean values.
+    """
+
+    name: ClassVar[str] = "environment"
+    tools: ClassVar[tuple[ToolSpec, ...]] = ()
+
+    def __init__(self, seed: int) -> None:
+        if not _is_int(seed):
+            raise ValueError(f"seed must be an int, not {type(seed).__name__}")
+        self.seed = seed
+        self.state: dict[str, Any] = self.initial_state(seed)
+
+    def initial_state(self, seed: int) -> dict[str, Any]:
+        return {}
+
+    # -- tools ---------------------------------------------------------------------------------
+    @classmethod
+    def spec(cls, tool: str) -> ToolSpec:
+        for spec in cls.tools:
+            if spec.name == tool:
+                return spec
+        known = ", ".join(s.name for s in cls.tools)
+        raise ToolError(f"unknown tool {tool!r} in {cls.name}; the tools are: {known}")
+
+    def apply(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Run one tool call and return its output; ``ToolError`` for anything the call gets wrong."""
+        spec = self.spec(tool)
+        values = _check_arguments(spec, arguments)
+        return getattr(self, f"tool_{spec.name}")(**values)
+
+    # -- scoring -------------------------------------------------------------------------------
+    def verify(self, calls: Record) -> float:
+        """1.0 when the state equals a fresh replay of exactly the recorded mutations, else 0.0.
+
+        ``calls`` is the agent's record of (tool, arguments, output) of its successful calls. Read-only
+        calls are skipped; a recorded mutation that does not replay (bad arguments, insufficient funds)
+        means the record and this environment disagree, so it scores 0.0. A tool this environment does
+        not have is a malformed record: ``ToolError``.
+        """
+        mutations = [
+            (tool, arguments) for tool, arguments, _ in _check_record(calls) if self.spec(tool).mutates
+        ]
+        replay = type(self)(self.seed)
+        for tool, arguments in mutations:
+            try:
+                replay.apply(tool, arguments)
+            except ToolError:
+                return 0.0
+        return 1.0 if replay.state == self.state else 0.0
+
+    # -- persistence ---------------------------------------------------------------------------
+    def export(self, *, copy_state: bool = True) -> dict[str, Any]:
+        """The state as plain data. ``copy_state=False`` shares the live state: for a caller that
+        encodes it at once, with no await in between (a snapshot of hundreds of sessions)."""
+        return {
+            "env": self.name,
+            "seed": self.seed,
+            "state": copy.deepcopy(self.state) if copy_state else self.state,
+        }
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> Environment:
+        """The inverse of ``export``. On the base class it picks the environment by ``data["env"]``."""
+        name = data.get("env") if isinstance(data, dict) else None
+        name = name if isinstance(name, str) else None
+        target = ENVIRONMENTS.get(name) if cls is Environment else cls  # type: ignore[arg-type]
+        if target is None or target.name != name:
+            raise ValueError(f"cannot restore environment {name!r} as {cls.name}")
+        environment = target(data.get("seed"))  # type: ignore[arg-type]
+        state = data.get("state")
+        if not isinstance(state, dict) or state.keys() != environment.state.keys():
+            raise ValueError(
+                f"saved {name} state {state!r} does not have the keys {sorted(environment.state)}"
+            )
+        environment.state = copy.deepcopy(state)
+        return environment
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Environment):
+            return NotImplemented
+        return self.export() == other.export()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(seed={self.seed}, state={self.state!r})"
+
+
+# ---------------------------------------------------------------------------------------------
+# The environments
+
+
+class Counter(Environment):
+    """A counter to drive to a target: the smallest environment where a double increment shows."""
+
+    name = "counter"
+    tools = (ToolSpec("increment", (("by", "int"),)), ToolSpec("get", (), mutates=False))
+
+    def initial_state(self, seed: int) -> dict[str, Any]:
+        return {"value": seed % 10}
+
+    def tool_increment(self, by: int) -> dict[str, Any]:
+        if not 1 <= by <= 100:
+            raise ToolError(f"increment by {by}: 'by' must be between 1 and 100")
+        self.state["value"] += by
+        return {"value": self.state["value"]}
+
+    def tool_get(self) -> dict[str, Any]:
+        return {"value": self.state["value"]}
+
+
+_TODO_WORDS = ("standup", "expenses", "backups", "review", "invoices", "triage")
+
+
+class Workplace(Environment):
+    """A calendar and todo store. Records share one sequence of ids (1, 2, ...); ``complete_todo``
+    takes the id that ``add_todo`` and ``list_items`` report.
+    """
+
+    name = "workplace"
+    tools = (
+        ToolSpec("add_event", (("title", "word"), ("day", "int"))),
+        ToolSpec("add_todo", (("text", "word"),)),
+        ToolSpec("complete_todo", (("index", "int"),)),
+        ToolSpec("list_items", (), mutates=False),
+    )
+
+    def initial_state(self, seed: int) -> dict[str, Any]:
+        todos = [
+            {"id": i + 1, "text": _TODO_WORDS[(seed + i) % len(_TODO_WORDS)], "done": False}
+            for i in range(seed % 3)
+        ]
+        return {"next_id": len(todos) + 1, "events": [], "todos": todos}
+
+    def _next_id(self) -> int:
+        record_id = self.state["next_id"]
+        self.state["next_id"] += 1
+        return record_id
+
+    def tool_add_event(self, title: str, day: int) -> dict[str, Any]:
+        if not 1 <= day <= 31:
+            raise ToolError(f"add_event on day {day}: 'day' must be between 1 and 31")
+        record_id = self._next_id()
+        self.state["events"].append({"id": record_id, "title": title, "day": day})
+        return {"id": record_id}
+
+    def tool_add_todo(self, text: str) -> dict[str, Any]:
+        record_id = self._next_id()
+        self.state["todos"].append({"id": record_id, "text": text, "done": False})
+        return {"id": record_id}
+
+    def tool_complete_todo(self, index: int) -> dict[str, Any]:
+        todo = next((t for t in self.state["todos"] if t["id"] == index), None)
+        if todo is None:
+            raise ToolError(f"complete_todo {index}: there is no todo with that id")
+        if todo["done"]:
+            raise ToolError(f"complete_todo {index}: that todo is already completed")
+        todo["done"] = True
+        return {"id": index, "done": True}
+
+    def tool_list_items(self) -> dict[str, Any]:
+        return {"events": copy.deepcopy(self.state["events"]), "todos": copy.deepcopy(self.state["todos"])}
+
+
+_ACCOUNTS = ("a", "b", "c")
+
+
+class Bank(Environment):
+    """Three accounts and transfers between them: a transfer applied twice shows in the balances."""
+
+    name = "bank"
+    tools = (
+        ToolSpec("transfer", (("src", "choice:a|b|c"), ("dst", "choice:a|b|c"), ("amount", "int"))),
+        ToolSpec("balance", (("account", "choice:a|b|c"),), mutates=False),
+    )
+
+    def initial_state(self, seed: int) -> dict[str, Any]:
+        return {"balances": {name: 100 + (seed // 50**i) % 50 for i, name in enumerate(_ACCOUNTS)}}
+
+    def tool_transfer(self, src: str, dst: str, amount: int) -> dict[str, Any]:
+        balances = self.state["balances"]
+        if src == dst:
+            raise ToolError(f"transfer from {src} to itself: src and dst must differ")
+        if amount <= 0:
+            raise ToolError(f"transfer of {amount}: the amount must be positive")
+        if balances[src] < amount:
+            raise ToolError(f"transfer of {amount} from {src}: insufficient funds ({balances[src]})")
+        balances[src] -= amount
+        balances[dst] += amount
+        return {src: balances[src], dst: balances[dst]}
+
+    def tool_balance(self, account: str) -> dict[str, Any]:
+        return {"account": account, "balance": self.state["balances"][account]}
+
+
+ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (Counter, Workplace, Bank)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checking
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_record(calls: object) -> Record:
+    """The record ``verify`` takes: a list of (tool, arguments, output) with a str and two dicts."""
+    if not isinstance(calls, list | tuple):
+        raise ToolError(f"the record of calls must be a list, not {type(calls).__name__}")
+    for position, entry in enumerate(calls):
+        if not (
+            isinstance(entry, list | tuple)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], dict)
+            and isinstance(entry[2], dict)
+        ):
+            raise ToolError(f"record entry {position} is not (tool, arguments, output): {entry!r}")
+    return list(calls)  # type: ignore[arg-type]
+
+
+def _check_arguments(spec: ToolSpec, arguments: object) -> dict[str, Any]:
+    """The arguments of one call, checked against the spec: exact names, and each value of its type."""
+    if not isinstance(arguments, dict):
+        raise ToolError(f"{spec.signature()}: arguments must be an object, not {type(arguments).__name__}")
+    expected = [name for name, _ in spec.args]
+    missing = [name for name in expected if name not in arguments]
+    unexpected = sorted(str(name) for name in arguments if name not in expected)
+    if missing or unexpected:
+        parts = [
+            f"missing {', '.join(missing)}" if missing else "",
+            f"unexpected {', '.join(unexpected)}" if unexpected else "",
+        ]
+        raise ToolError(f"{spec.signature()}: {'; '.join(p for p in parts if p)}")
+    return {name: _check_value(spec, name, kind, arguments[name]) for name, kind in spec.args}
+
+
+def _check_value(spec: ToolSpec, name: str, kind: str, value: object) -> Any:
+    if kind == "int":
+        if not _is_int(value):
+            raise ToolError(f"{spec.signature()}: {name!r} must be an integer, not {value!r}")
+        return value
+    if kind == "word":
+        if (
+            not isinstance(value, str)
+            or not 0 < len(value) <= MAX_WORD_LENGTH
+            or not value.isprintable()
+            or any(c.isspace() for c in value)
+        ):
+            raise ToolError(
+                f"{spec.signature()}: {name!r} must be one word (1..{MAX_WORD_LENGTH} printable characters, "
+                f"no spaces), not {value!r}"
+            )
+        return value
+    if kind.startswith("choice:"):
+        options = kind.removeprefix("choice:").split("|")
+        if not isinstance(value, str) or value not in options:
+            raise ToolError(
+                f"{spec.signature()}: {name!r} must be one of {', '.join(options)}, not {value!r}"
+            )
+        return value
+    raise AssertionError(f"{spec.signature()}: unknown argument type {kind!r}")  # a bug in a ToolSpec

@@ -1,0 +1,1 @@
+"""Snapshots on disk: what is there, and what is wrong with it."""

@@ -1,0 +1,1 @@
+"""The CLI and the tools over a run: status, progress, snapshots, report."""
