@@ -25,8 +25,9 @@ import itertools
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 REQUEST_ID_HEADER = "x-parkway-request-id"
 ERROR_CODE_HEADER = "x-parkway-error-code"
@@ -93,7 +94,7 @@ class Delivery(ABC):
     async def _nack(self, requeue: bool) -> None: ...
 
 
-DeliveryHandler = Callable[[Delivery], Awaitable[None]]
+DeliveryHandler = Callable[[Delivery], Coroutine[Any, Any, None]]
 
 
 class Consumer:

@@ -36,6 +36,8 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustConnection,
+    FieldValue,
+    HeadersType,
 )
 from parkway.brokers.base import (
     Broker,
@@ -287,7 +289,7 @@ class RabbitBroker(Broker):
     # -- logs ----------------------------------------------------------------------------------
     async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None:
         assert self._logs is not None, "broker not started"
-        headers = {"checkpoint_id": checkpoint_id} if checkpoint_id else {}
+        headers: HeadersType = {"checkpoint_id": checkpoint_id} if checkpoint_id else {}
         message = aio_pika.Message(
             line,
             content_type="application/json",
@@ -309,7 +311,7 @@ class RabbitBroker(Broker):
             lines.put_nowait(message.body)
             await message.ack()
 
-        offset: object = "first" if from_start else "next"
+        offset: FieldValue = "first" if from_start else "next"
         if from_start and since is not None:
             offset = datetime.datetime.fromtimestamp(since, datetime.UTC)  # an AMQP timestamp: seek by time
         await queue.consume(on_line, no_ack=False, arguments={"x-stream-offset": offset})

@@ -91,7 +91,9 @@ def decode(body: bytes, content_type: str | None = None, *, max_bytes: int = MAX
 
 def to_builtins(message: Message) -> dict[str, object]:
     """A JSON-ready dict of a message, with its ``type`` tag (for printing and logs)."""
-    return msgspec.to_builtins(message)  # type: ignore[return-value]
+    builtins = msgspec.to_builtins(message)
+    assert isinstance(builtins, dict)  # a Struct becomes a dict
+    return builtins
 
 
 def from_builtins(data: dict[str, object]) -> Message:

@@ -12,6 +12,7 @@ own snapshot root and the exact episode scope.
 from __future__ import annotations
 
 import re
+import typing
 
 import msgspec
 from parkway.protocol import SCHEMA_VERSION
@@ -527,10 +528,7 @@ AnyMessage = (
     | Failed
 )
 
-MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.__name__: cls
-    for cls in AnyMessage.__args__  # type: ignore[attr-defined]
-}
+MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in typing.get_args(AnyMessage)}
 
 
 def is_control(message: Message) -> bool:

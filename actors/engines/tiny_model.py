@@ -66,7 +66,7 @@ def build_tiny_model(directory: Path, *, seed: int = 0, vocab_size: int = 512) -
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",  # the name transformers 5 gives it (torch_dtype is its deprecated alias)
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 import structlog
@@ -53,7 +53,7 @@ log = structlog.get_logger("parkway.policy")
 
 class Policy(Participant):
     role = "policy"
-    prefetch: ClassVar[int] = 1024  # generations wait concurrently (on the engines or at the gate)
+    prefetch = 1024  # generations wait concurrently (on the engines or at the gate)
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 import structlog
@@ -68,7 +68,7 @@ class Resources(Participant):
     role = "resources"
     # Tool calls of every rollout of its replicas run concurrently; a low prefetch would queue them here,
     # and a queued call counts as in flight for a checkpoint (prepare waits for it).
-    prefetch: ClassVar[int] = 1024
+    prefetch = 1024
 
     def __init__(self, *args: Any, mode: str = "exported", tool_delay_s: float = 0.0, **kwargs: Any) -> None:
         if mode not in MODES:

@@ -173,8 +173,8 @@ class TransferQueue(Participant):
     role = "tq"
     prefetch = 256
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.store = TransferStore()
         self.handlers.update(
             {

@@ -30,7 +30,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pass
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(_Section, frozen=True):
     group_size: int = 3  # G siblings per prompt
     max_turns: int = 5
     max_attempts: int = 3  # per rollout (sibling) or per group redo (prompt_group)
@@ -39,13 +39,13 @@ class RolloutConfig(_Section):
     stall_timeout_s: float = 1800.0  # an attempt with no result after this long (not counting parked time)
 
 
-class TasksConfig(_Section):
+class TasksConfig(_Section, frozen=True):
     path: str | None = None  # JSONL: {"env": ..., "prompt": ..., "max_turns"?: int} per line
     builtin: Literal["mixed", "counter", "workplace", "bank"] = "mixed"
     limit: int | None = None  # use the first N tasks
 
 
-class PolicyConfig(_Section):
+class PolicyConfig(_Section, frozen=True):
     engine: Literal["deterministic", "vllm"] = "deterministic"
     host: Literal["ray", "inline"] = "ray"
     engines: int = 1
@@ -58,35 +58,35 @@ class PolicyConfig(_Section):
     kv_cache_memory_bytes: int | None = 64 << 20  # CPU machines need an explicit KV cache size
 
 
-class ResourcesConfig(_Section):
+class ResourcesConfig(_Section, frozen=True):
     mode: Literal["exported", "stateless", "restart_only"] = "exported"
     tool_delay_s: float = 0.0  # simulated time each tool call takes (the built-in environments are instant)
 
 
-class RecoveryConfig(_Section):
+class RecoveryConfig(_Section, frozen=True):
     target_level: Literal["prompt_group", "sibling", "turn", "prefix"] = "turn"
     default_granularity: Literal["prompt_group", "sibling"] = "sibling"
     allow_restart_only: bool = False
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(_Section, frozen=True):
     kind: Literal["example"] = "example"
     batch_groups: int = 2
     checkpoint_every: int = 0  # train steps between trainer checkpoints (0: never)
 
 
-class FaultsConfig(_Section):
+class FaultsConfig(_Section, frozen=True):
     # "ROLLOUT@ATTEMPT:TURN", e.g. "t0_g1@0:2": that attempt fails at that turn (a live failure).
     fail_attempts: tuple[str, ...] = ()
     failure_rate: float = 0.0  # every attempt fails with this probability (seeded, reproducible)
 
 
-class TopologyConfig(_Section):
+class TopologyConfig(_Section, frozen=True):
     agents: int = 2
     resources: int = 2
 
 
-class RunConfig(_Section):
+class RunConfig(_Section, frozen=True):
     run: str = "default"
     seed: int = 0
     agent: Literal["tool", "counter"] = "tool"

@@ -63,7 +63,7 @@ class Actor:
     """Base of every role. Subclasses set ``role`` and add handlers in ``__init__``."""
 
     role: ClassVar[str] = "actor"
-    prefetch: ClassVar[int] = 32
+    prefetch: int = 32  # deliveries in flight at once; a role sets its own, an instance may raise it
 
     def __init__(
         self,
@@ -77,7 +77,7 @@ class Actor:
     ) -> None:
         validate_name(self.role, "role")
         if prefetch is not None:
-            self.prefetch = max(prefetch, type(self).prefetch)  # type: ignore[misc]
+            self.prefetch = max(prefetch, type(self).prefetch)
         self.broker = broker
         self.replica = replica
         self.address = actor_address(self.role, replica)

@@ -104,9 +104,25 @@ class Client:
         )
         return self.open(reply)
 
-    async def call(self, address: str, message: Message, **kwargs: object) -> Message:
+    async def call(
+        self,
+        address: str,
+        message: Message,
+        *,
+        correlation_id: str | None = None,
+        deadline: float | None = None,
+        timeout: float = 10.0,
+        content_type: str = codec.MSGPACK,
+    ) -> Message:
         """Like ``request`` but raises ``ProtocolError`` for an ``Error`` reply."""
-        reply = await self.request(address, message, **kwargs)  # type: ignore[arg-type]
+        reply = await self.request(
+            address,
+            message,
+            correlation_id=correlation_id,
+            deadline=deadline,
+            timeout=timeout,
+            content_type=content_type,
+        )
         if isinstance(reply, Error):
             raise ProtocolError(reply.code, reply.detail)
         return reply

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import logging
 import sys
-from typing import IO, Any
+from collections.abc import MutableMapping
+from typing import Any, TextIO
 
+import anyio
 import msgspec
 import structlog
 from parkway.brokers.base import Broker
@@ -57,8 +59,8 @@ class BrokerLogSink:
                 self._queue.task_done()
 
     async def flush(self, timeout: float = 2.0) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), timeout)
+        with anyio.move_on_after(timeout):  # lines still queued then are dropped with the process
+            await self._queue.join()
 
     async def stop(self) -> None:
         await self.flush()
@@ -73,7 +75,7 @@ _LEVELS = logging.getLevelNamesMapping()
 _local_level = logging.INFO  # lines below it reach the broker's stream but not the local stream
 
 
-def _render(_: Any, method: str, event_dict: dict[str, Any]) -> str:
+def _render(_: Any, method: str, event_dict: MutableMapping[str, Any]) -> str:
     line = (
         _json.encode(event_dict) if _plain(event_dict) else msgspec.json.encode(event_dict, enc_hook=_default)
     )
@@ -85,12 +87,12 @@ def _render(_: Any, method: str, event_dict: dict[str, Any]) -> str:
     return line.decode()
 
 
-def _plain(event_dict: dict[str, Any]) -> bool:
+def _plain(event_dict: MutableMapping[str, Any]) -> bool:
     return all(isinstance(v, str | int | float | bool | type(None)) for v in event_dict.values())
 
 
 def configure_logging(
-    *, stream: IO[str] | None = None, level: str = "info", stream_level: str = "info"
+    *, stream: TextIO | None = None, level: str = "info", stream_level: str = "info"
 ) -> None:
     """JSON lines at ``level`` and above to ``stream`` (stderr by default); while a broker sink is
     attached it gets ``stream_level`` and above, so a quiet terminal (``parkway run`` shows warnings
@@ -104,7 +106,7 @@ def configure_logging(
 
 
 _stream_level = logging.INFO
-_output: IO[str] | None = None
+_output: TextIO | None = None
 
 
 def _apply() -> None:

@@ -144,7 +144,9 @@ class ModelTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        text = self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence decodes to one string (the stubs also allow a batch)
+        return text
 
 
 _tokenizers: dict[str, ModelTokenizer] = {}
