@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import anyio
+
 REQUEST_ID_HEADER = "x-parkway-request-id"
 ERROR_CODE_HEADER = "x-parkway-error-code"
 ERROR_DETAIL_HEADER = "x-parkway-error-detail"
@@ -271,9 +273,8 @@ class PendingReplies:
         self._futures.clear()
 
     async def wait(self, request_id: str, future: asyncio.Future[Envelope], *, deadline: float) -> Envelope:
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(loop.time() + max(0.0, deadline - time.time())):
+            with anyio.fail_after(max(0.0, deadline - time.time())):
                 return await future
         except TimeoutError:
             raise RequestTimeout(f"no reply to request {request_id} before its deadline") from None

@@ -30,6 +30,7 @@ from typing import Any
 
 import aio_pika
 import aiormq
+import anyio
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -221,7 +222,8 @@ class RabbitBroker(Broker):
         assert self._exchange is not None, "broker not started"
         if envelope.reply_to == DIRECT_REPLY_TO and not self._replies_ready.is_set():
             try:  # the channel was reopened and does not consume its replies yet
-                await asyncio.wait_for(self._replies_ready.wait(), REPLIES_READY_TIMEOUT_S)
+                with anyio.fail_after(REPLIES_READY_TIMEOUT_S):
+                    await self._replies_ready.wait()
             except TimeoutError:
                 raise BrokerError(
                     f"request to {address!r} not sent: no reply consumer after {REPLIES_READY_TIMEOUT_S:.0f}s"

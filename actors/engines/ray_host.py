@@ -7,12 +7,12 @@ Ray ObjectRefs are awaited directly from asyncio.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import structlog
 from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult
 
@@ -181,7 +181,9 @@ class EnginePool:
         if self._engine is not None:
             await self._engine.load_weights(directory)
             return 1
-        await asyncio.gather(*(actor.load_weights.remote(directory) for actor in self._actors))
+        async with anyio.create_task_group() as loading:  # the first failure cancels the rest
+            for actor in self._actors:
+                loading.start_soon(_await_ref, actor.load_weights.remote(directory))
         return len(self._actors)
 
     async def replica_in_flight(self) -> list[int]:
@@ -213,3 +215,8 @@ class EnginePool:
                 _ray_started_here = False
                 ray.shutdown()
         self.started = False
+
+
+async def _await_ref(ref: Any) -> None:
+    """Await a Ray object reference (a task group starts coroutine functions, not awaitables)."""
+    await ref

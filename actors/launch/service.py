@@ -8,11 +8,11 @@ metrics (and its broker connection's) from one ``/metrics`` endpoint until it st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import anyio
 import structlog
 from parkway.actors.launch.roles import ROLES
 from parkway.actors.launch.workload import role_options
@@ -77,10 +77,12 @@ async def serve(
                 loop.add_signal_handler(sig, stop.set)
             if on_started is not None:
                 await on_started()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), duration_s)
+            with anyio.move_on_after(duration_s):  # None: until a signal
+                await stop.wait()
             log.info("service_stopping", actors=len(actors))
-            await asyncio.gather(*(actor.stop() for actor in actors))
+            async with anyio.create_task_group() as stopping:
+                for actor in actors:
+                    stopping.start_soon(actor.stop)
     finally:
         await sink.stop()
         detach_sink(sink)
