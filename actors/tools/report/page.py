@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from parkway.actors.tools.report.figure import Drawing, load_matplotlib
 from parkway.actors.tools.report.layout import heading, row_order
@@ -43,19 +44,20 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
-    """One self-contained file: the picture as inline SVG (hover a bar for its times), then tables."""
+def _snapshots(timeline: Timeline) -> str:
     t0 = timeline.start
-    title, counts = heading(timeline)
-    summary = timeline.summary()
-    snapshots = _table(
+    return _table(
         ["#", "checkpoint id", "snapshot", "at (s)", "pause (ms)", "outcome"],
         (
             (n, p.checkpoint_id, p.snapshot or "-", f"{p.start - t0:.3f}", _ms(p.ms), p.outcome)
             for n, p in enumerate(timeline.pauses, 1)
         ),
     )
-    restores = _table(
+
+
+def _restores(timeline: Timeline) -> str:
+    t0 = timeline.start
+    return _table(
         ["restore id", "snapshot", "saved checkpoint id", "at (s)", "took (ms)", "continued", "outcome"],
         (
             (
@@ -70,7 +72,11 @@ def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
             for r in timeline.restores
         ),
     )
-    crashes = _table(
+
+
+def _crashes(timeline: Timeline) -> str:
+    t0 = timeline.start
+    return _table(
         ["at (s)", "what", "how known"],
         (
             (
@@ -81,11 +87,18 @@ def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
             for c in timeline.crashes
         ),
     )
-    processes = _table(
+
+
+def _processes(timeline: Timeline) -> str:
+    t0 = timeline.start
+    return _table(
         ["at (s)", "actor", "pid", "restart"],
         ((f"{p.ts - t0:.3f}", p.actor, p.pid or "-", "yes" if p.restart else "") for p in timeline.processes),
     )
-    rollouts = _table(
+
+
+def _rollouts(timeline: Timeline) -> str:
+    return _table(
         ["rollout", "group", "attempts", "turns", "kept", "sealed attempt", "outcomes"],
         (
             (
@@ -102,12 +115,18 @@ def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
             for r in sorted(timeline.rollouts.values(), key=row_order)
         ),
     )
-    events = _table(
+
+
+def _events(timeline: Timeline) -> str:
+    t0 = timeline.start
+    return _table(
         ["at (s)", "actor", "level", "event", "detail"],
         ((f"{e.ts - t0:.3f}", e.actor, e.level, e.event, e.detail) for e in timeline.events),
     )
-    lines = _table(["lines", "count"], summary["lines"].items())
-    totals = _table(
+
+
+def _totals(summary: dict[str, Any]) -> str:
+    return _table(
         ["what", "value"],
         (
             (k, json.dumps(v) if isinstance(v, dict) else v)
@@ -115,6 +134,13 @@ def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
             if k not in ("lines", "run")
         ),
     )
+
+
+def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
+    """One self-contained file: the picture as inline SVG (hover a bar for its times), then tables."""
+    title, counts = heading(timeline)
+    summary = timeline.summary()
+    lines = _table(["lines", "count"], summary["lines"].items())
     hidden = (
         f"<p class=warn>{drawing.hidden_rows} of {len(timeline.rollouts)} rollouts are not drawn; "
         "the rollout table below lists every one.</p>"
@@ -140,13 +166,13 @@ boundary), coloured by attempt; grey bands are snapshot pauses (the controller's
 closed); a red line is a crash, a green one the end of a restore. Hover a bar or a band for its times.</p>
 {hidden}
 <div class="figure">{_svg(drawing)}</div>
-<h2>Snapshots ({len(timeline.pauses)} pauses)</h2>{snapshots}
-<h2>Restores</h2>{restores}
-<h2>Crashes</h2>{crashes}
-<h2>Summary</h2>{totals}
-<details><summary>Rollouts ({len(timeline.rollouts)})</summary>{rollouts}</details>
-<details><summary>Process starts ({len(timeline.processes)})</summary>{processes}</details>
-<details><summary>Notable events ({len(timeline.events)})</summary>{events}</details>
+<h2>Snapshots ({len(timeline.pauses)} pauses)</h2>{_snapshots(timeline)}
+<h2>Restores</h2>{_restores(timeline)}
+<h2>Crashes</h2>{_crashes(timeline)}
+<h2>Summary</h2>{_totals(summary)}
+<details><summary>Rollouts ({len(timeline.rollouts)})</summary>{_rollouts(timeline)}</details>
+<details><summary>Process starts ({len(timeline.processes)})</summary>{_processes(timeline)}</details>
+<details><summary>Notable events ({len(timeline.events)})</summary>{_events(timeline)}</details>
 <details><summary>Log lines read</summary>{lines}</details>
 </body></html>
 """
