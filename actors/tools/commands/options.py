@@ -1,0 +1,65 @@
+"""What several commands share: the broker, run and metrics options, the topology syntax, the CLI's
+sender name, and printing JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any, TypeAlias
+
+from parkway.actors.launch.roles import ROLES
+from parkway.actors.runtime.settings import SettingsError
+from parkway.protocol.ids import actor_address
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker", help="broker URL (default: $PARKWAY_BROKER_URL, else memory://)")
+    p.add_argument("--run", help="run name: the namespace on the broker (default: $PARKWAY_RUN or 'default')")
+
+
+def metrics(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics "
+        "(default: $PARKWAY_METRICS_PORT; 0 or unset: off)",
+    )
+
+
+def progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="a live progress line on stderr (auto: on a terminal, not with --json)",
+    )
+
+
+def topology_text(topology: dict[str, int]) -> str:
+    return ",".join(f"{role}={n}" for role, n in topology.items())
+
+
+def parse_topology(text: str) -> dict[str, int]:
+    topology: dict[str, int] = {}
+    for item in text.split(","):
+        role, _, count = item.partition("=")
+        if role not in ROLES or not count.isdigit():
+            raise SettingsError(f"topology item {item!r}: want ROLE=N with ROLE one of {sorted(ROLES)}")
+        topology[role] = int(count)
+    return topology
+
+
+def addresses(topology: dict[str, int]) -> list[str]:
+    return [actor_address(role, i) for role, n in topology.items() for i in range(n)]
+
+
+def cli_sender() -> str:
+    return f"cli/{os.getpid()}"
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(obj, sort_keys=True, default=str))

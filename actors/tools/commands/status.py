@@ -1,0 +1,70 @@
+"""``parkway status``: one table of every actor of a run (phase, checkpoint, lease, heartbeat), once or
+refreshed with ``--watch``. What is asked and how the table looks is ``parkway.actors.tools.status``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from parkway.actors.launch.roles import DEFAULT_TOPOLOGY
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.settings import RunSettings
+from parkway.actors.tools import status as cluster_status
+from parkway.actors.tools.commands.options import (
+    Subcommands,
+    addresses,
+    cli_sender,
+    common,
+    parse_topology,
+    print_json,
+    topology_text,
+)
+from parkway.brokers import connect
+from parkway.brokers.base import Broker
+
+
+def add_status(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "status", help="one table of every actor of a run: phase, checkpoint, lease, heartbeat"
+    )
+    common(p)
+    p.add_argument(
+        "--topology", default=topology_text(DEFAULT_TOPOLOGY), help="actors to ask even without a heartbeat"
+    )
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each actor's answer")
+    p.add_argument(
+        "--window", type=float, default=60.0, help="list actors heard from in the last N seconds (0: off)"
+    )
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="one JSON array per refresh")
+    p.set_defaults(func=_cmd_status)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
+    asked = addresses(parse_topology(args.topology))
+
+    async def once(broker: Broker, client: Client) -> list[dict[str, Any]]:
+        beats = await cluster_status.last_heartbeats(broker, window_s=args.window) if args.window > 0 else {}
+        return await cluster_status.collect(client, asked, timeout=args.timeout, heartbeats=beats)
+
+    async def go() -> int:
+        async with connect(settings.broker_url, settings.run) as broker:
+            client = Client(broker, secret=settings.secret, sender=cli_sender())
+            while True:
+                rows = await once(broker, client)
+                if args.json:
+                    print_json(rows)
+                else:
+                    if args.watch:
+                        print("\x1b[H\x1b[2J", end="")  # clear the terminal, like `watch`
+                    print(cluster_status.table(rows), flush=True)
+                if not args.watch:
+                    return 0 if all(r["reachable"] for r in rows) else 1
+                await asyncio.sleep(args.watch)
+
+    try:
+        return asyncio.run(go())
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,123 @@
+"""Workloads run to completion: ``parkway run`` (a configured workload, embedded or driving services)
+and ``parkway demo`` (the seed pages' example under two recovery levels)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+from parkway.actors.launch.workload import run_workload
+from parkway.actors.roles.controller.controller import Controller, RunSummary, SetupError
+from parkway.actors.roles.controller.snapshots import SnapshotInvalid
+from parkway.actors.run.config import ConfigError
+from parkway.actors.run.config import load as load_config
+from parkway.actors.run.tasks import load_tasks
+from parkway.actors.runtime.logs import configure_logging
+from parkway.actors.runtime.settings import RunSettings
+from parkway.actors.tools import progress
+from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
+from parkway.actors.tools.progress import ProgressLine
+from parkway.brokers import connect
+
+
+def add_run(sub: Subcommands) -> None:
+    p = sub.add_parser("run", help="run a configured workload to completion and print a summary")
+    common(p)
+    metrics(p)
+    p.add_argument("--config", help="YAML run configuration (see examples/); defaults apply without one")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--log-level", default="warning", help="log level of the actors' JSON lines on stderr")
+    progress_option(p)
+    p.set_defaults(func=_cmd_run)
+
+
+def add_demo(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "demo", help="the seed pages' example, really run: turns thrown away under sibling vs turn"
+    )
+    p.add_argument("--json", action="store_true")
+    progress_option(p)
+    p.set_defaults(func=_cmd_demo)
+
+
+def _progress_line(args: argparse.Namespace) -> ProgressLine | None:
+    return (
+        ProgressLine() if progress.enabled(args.progress, json_output=args.json, stream=sys.stderr) else None
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        tasks = load_tasks(config.tasks, base=Path(args.config).parent if args.config else None)
+    except ConfigError as exc:
+        print(f"parkway: config: {exc}", file=sys.stderr)
+        return 2
+    run = args.run or os.environ.get("PARKWAY_RUN") or config.run
+    settings = RunSettings.from_env(broker_url=args.broker, run=run, metrics_port=args.metrics_port)
+    configure_logging(level=args.log_level)
+    embedded = settings.broker_url.startswith("memory://")
+    line = _progress_line(args)
+
+    async def go() -> RunSummary:
+        broker = connect(settings.broker_url, settings.run, connection_name=f"parkway-{settings.run}-run")
+        async with broker:
+            controller = Controller(broker, secret=settings.secret, replica=0)
+            label = f"run {settings.run}"
+            async with progress.watching(lambda: progress.describe(label, controller.progress()), line):
+                return await run_workload(
+                    broker,
+                    settings.secret,
+                    config,
+                    tasks,
+                    embedded=embedded,
+                    state_root=settings.state_root,
+                    metrics_port=settings.metrics_port,
+                    controller=controller,
+                )
+
+    try:
+        summary = asyncio.run(go())
+    except SetupError as exc:
+        print(f"parkway: setup: {exc}", file=sys.stderr)
+        return 2
+    except SnapshotInvalid as exc:  # nothing restorable (every snapshot corrupt), or another topology
+        print(f"parkway: restore: {exc}", file=sys.stderr)
+        return 2
+    fields = msgspec.structs.asdict(summary)
+    if args.json:
+        print_json(fields)
+    else:
+        width = max(len(k) for k in fields)
+        for key, value in fields.items():
+            print(f"{key:<{width}}  {value}")
+    complete = summary.rollouts_sealed + summary.rollouts_failed == summary.rollouts_expected
+    return 0 if complete and summary.rollouts_failed == 0 else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from parkway.actors.launch.demo import run_demo, table
+
+    configure_logging(level="warning")
+    line = _progress_line(args)
+    results = asyncio.run(run_demo(progress_line=line))
+    if args.json:
+        print_json(
+            [
+                {
+                    "level": r.level,
+                    "turns_at_snapshot": r.turns_at_snapshot,
+                    "turns_regenerated": r.turns_regenerated,
+                    "turns_thrown_away": r.thrown_away,
+                    "rollouts_sealed": r.rollouts_sealed,
+                }
+                for r in results
+            ]
+        )
+    else:
+        print(table(results))
+    return 0
