@@ -25,7 +25,7 @@ import itertools
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -227,7 +227,9 @@ class Broker(ABC):
     async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None: ...
 
     @abstractmethod
-    def follow_logs(self, *, from_start: bool = True, since: float | None = None) -> AsyncIterator[bytes]:
+    def follow_logs(
+        self, *, from_start: bool = True, since: float | None = None
+    ) -> AsyncGenerator[bytes, None]:
         """Log lines of this run, oldest first when ``from_start``, then live ones as they come.
 
         ``since`` (Unix time) skips most older lines: a stream seeks by chunk, so a few older ones may

@@ -11,7 +11,7 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 
 from parkway.brokers.base import (
@@ -187,7 +187,7 @@ class MemoryBroker(Broker):
 
     async def follow_logs(
         self, *, from_start: bool = True, since: float | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         live: asyncio.Queue[bytes] = asyncio.Queue()
         backlog = [
             line

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import datetime
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
 
@@ -302,7 +302,7 @@ class RabbitBroker(Broker):
 
     async def follow_logs(
         self, *, from_start: bool = True, since: float | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         assert self._connection is not None, "broker not started"
         channel = await self._connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=1000)  # streams require a prefetch limit

@@ -14,12 +14,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from parkway.actors.launch.progress import ProgressLine, describe, watching
 from parkway.actors.launch.workload import embedded_actors
 from parkway.actors.roles.controller.controller import Controller
 from parkway.actors.roles.tq import TransferQueue
 from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
-from parkway.actors.tools.progress import ProgressLine, describe, watching
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 SECRET = b"demo"

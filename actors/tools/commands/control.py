@@ -67,7 +67,7 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
     try:
         checkpoint_id = validate_checkpoint_id(args.checkpoint_id or new_checkpoint_id("ck"))
-    except ValueError as exc:
+    except ProtocolError as exc:  # a bad --checkpoint-id is the user's typo, not a crash
         print(f"parkway: {exc}", file=sys.stderr)
         return 2
     request = Snapshot(checkpoint_id=checkpoint_id, deadline=time.time() + args.timeout)
@@ -101,8 +101,12 @@ def _parse_fields(items: list[str]) -> dict[str, Any]:
 
 def _cmd_publish(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
-    parse_address(args.to)
-    checkpoint_id = validate_checkpoint_id(args.checkpoint_id or new_checkpoint_id("cli"))
+    try:
+        parse_address(args.to)
+        checkpoint_id = validate_checkpoint_id(args.checkpoint_id or new_checkpoint_id("cli"))
+    except (ValueError, ProtocolError) as exc:
+        print(f"parkway: {exc}", file=sys.stderr)
+        return 2
     data = {
         "type": COMMANDS[args.command].__name__,
         "v": SCHEMA_VERSION,

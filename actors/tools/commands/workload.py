@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import msgspec
+from parkway.actors.launch import progress
+from parkway.actors.launch.progress import ProgressLine
 from parkway.actors.launch.workload import run_workload
 from parkway.actors.roles.controller.controller import Controller, RunSummary, SetupError
 from parkway.actors.roles.controller.snapshots import SnapshotInvalid
@@ -18,9 +20,7 @@ from parkway.actors.run.config import load as load_config
 from parkway.actors.run.tasks import load_tasks
 from parkway.actors.runtime.logs import configure_logging
 from parkway.actors.runtime.settings import RunSettings
-from parkway.actors.tools import progress
 from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
-from parkway.actors.tools.progress import ProgressLine
 from parkway.brokers import connect
 
 
