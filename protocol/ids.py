@@ -2,6 +2,7 @@
 
 Each key has one builder and one parser here; nothing else spells or splits them:
 
+- group id ``t<task index>`` (``t0003``): the rollouts of one task;
 - rollout id ``<group id>_g<i>``: one rollout of a group, stable across its attempts;
 - capture key ``<rollout id>`` for attempt 0, ``<rollout id>-a<N>`` for attempt N: one attempt's rows;
 - staging key ``<capture key>:<turn>``: one model call's staging row.
@@ -70,6 +71,13 @@ def _count(text: str) -> int | None:
     if not text or not text.isascii() or not text.isdigit() or (len(text) > 1 and text[0] == "0"):
         return None
     return int(text)
+
+
+def task_group_id(task_index: int) -> str:
+    """The group id of the ``task_index``-th task of a run: ``t0003``; sortable up to 10,000 tasks."""
+    if task_index < 0:
+        raise ValueError(f"task index {task_index} is negative")
+    return f"t{task_index:04d}"
 
 
 def rollout_id(group_id: str, generation_index: int) -> str:

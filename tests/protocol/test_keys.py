@@ -10,7 +10,15 @@ from parkway.protocol.ids import (
     parse_staging_key,
     rollout_id,
     staging_key,
+    task_group_id,
 )
+
+
+def test_a_task_group_id_is_its_index_in_four_digits() -> None:
+    assert [task_group_id(i) for i in (0, 3, 9999, 10000)] == ["t0000", "t0003", "t9999", "t10000"]
+    assert parse_rollout_id(rollout_id(task_group_id(12), 2)) == ("t0012", 2)
+    with pytest.raises(ValueError, match="negative"):
+        task_group_id(-1)
 
 
 @pytest.mark.parametrize(("group", "index"), [("t0000", 0), ("t0003", 12), ("grp_g7", 1), ("a-a1", 3)])
