@@ -20,10 +20,11 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
+from msgspec import UNSET, UnsetType
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.actors.sdk import chat
 from parkway.actors.sdk.programs import PROGRAMS
@@ -31,6 +32,7 @@ from parkway.actors.sdk.rollout import RolloutContext, RolloutFailure, ToolOutco
 from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.history import (
+    CallRecord,
     ContinuationRestored,
     ModelCallReplayed,
     ModelCallSent,
@@ -75,6 +77,25 @@ TRANSPORT_RETRIES_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
 PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL})
+
+
+CallKind = TypeVar("CallKind", bound=CallRecord)
+
+
+def _about_call(kind: type[CallKind], run: Run, index: int) -> CallKind:
+    """A history record of model call ``index`` of ``run``'s attempt."""
+    return kind(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index)
+
+
+def _received(run: Run, outcome: str, continue_from: int | UnsetType | None = UNSET) -> RunReceived:
+    """The history record of a Run received: accepted (with the turns it continues from), or not."""
+    return RunReceived(
+        rollout_id=run.rollout_id,
+        attempt=run.attempt,
+        epoch=run.epoch,
+        outcome=outcome,
+        continue_from=continue_from,
+    )
 
 
 @dataclass
@@ -155,9 +176,7 @@ class Agent(Participant):
         key = (run.rollout_id, run.attempt)
         if run.epoch < self.epoch or key in self.retired:
             self.counts["runs_stale"] += 1  # from an older controller incarnation, or a replaced attempt
-            self.history.record(
-                RunReceived(rollout_id=run.rollout_id, attempt=run.attempt, epoch=run.epoch, outcome="stale")
-            )
+            self.history.record(_received(run, "stale"))
             return
         self.epoch = run.epoch
         if (
@@ -166,23 +185,11 @@ class Agent(Participant):
             or self.latest_attempt.get(run.rollout_id, -1) > run.attempt
         ):
             self.counts["runs_duplicate"] += 1  # redelivered: the attempt exists or was replaced
-            self.history.record(
-                RunReceived(
-                    rollout_id=run.rollout_id, attempt=run.attempt, epoch=run.epoch, outcome="duplicate"
-                )
-            )
+            self.history.record(_received(run, "duplicate"))
             return
         self.latest_attempt[run.rollout_id] = run.attempt
         saved_turns = run.task.get("continue_from")  # the controller's; any other value is no count
-        self.history.record(
-            RunReceived(
-                rollout_id=run.rollout_id,
-                attempt=run.attempt,
-                epoch=run.epoch,
-                outcome="accepted",
-                continue_from=saved_turns if isinstance(saved_turns, int) else None,
-            )
-        )
+        self.history.record(_received(run, "accepted", saved_turns if isinstance(saved_turns, int) else None))
         live = LiveRollout(run)
         if "continue_from" in run.task:
             live.replay = self.continuations.pop(run.rollout_id, None)
@@ -409,9 +416,7 @@ class Agent(Participant):
             self._start_turn(live, index, replayed=True)
             live.model.append(step)
             self.counts["model_calls_replayed"] += 1
-            self.history.record(
-                ModelCallReplayed(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index)
-            )
+            self.history.record(_about_call(ModelCallReplayed, run, index))
             return Generated(
                 rollout_id=run.rollout_id,
                 attempt=run.attempt,
@@ -432,7 +437,7 @@ class Agent(Participant):
         )
         self._start_turn(live, index, replayed=False)
         self._set_state(live, AWAITING_MODEL)  # parked at the boundary just passed
-        self.history.record(ModelCallSent(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index))
+        self.history.record(_about_call(ModelCallSent, run, index))
         # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at its
         # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation
         # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
@@ -444,9 +449,7 @@ class Agent(Participant):
         await self._released.wait()
         if not isinstance(reply, Generated):
             raise RolloutFailure("policy_error", f"unexpected reply {type(reply).__name__}")
-        self.history.record(
-            ModelReplyReceived(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index)
-        )
+        self.history.record(_about_call(ModelReplyReceived, run, index))
         live.model.append(
             ModelStep(
                 prompt_sha256=digest,
