@@ -1,4 +1,12 @@
-"""Identities: checkpoint ids, actor addresses, rollout ids and capture keys."""
+"""Identities: checkpoint ids, actor addresses, rollout ids, capture keys and staging keys.
+
+Each key has one builder and one parser here; nothing else spells or splits them:
+
+- group id ``t<task index>`` (``t0003``): the rollouts of one task;
+- rollout id ``<group id>_g<i>``: one rollout of a group, stable across its attempts;
+- capture key ``<rollout id>`` for attempt 0, ``<rollout id>-a<N>`` for attempt N: one attempt's rows;
+- staging key ``<capture key>:<turn>``: one model call's staging row.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import time
 
 from parkway.protocol.errors import ErrorCode, ProtocolError
 
-# Nothing from a message becomes a path unless it matches this (SPEC section 8).
+# Nothing from a message becomes a path unless it matches this.
 CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Run names and roles end up in queue names; keep them to a safe alphabet too.
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -52,13 +60,80 @@ def parse_address(address: str) -> tuple[str, int]:
     return validate_name(role, "role"), int(replica)
 
 
+_GROUP_SEPARATOR = "_g"
+_ATTEMPT_SEPARATOR = "-a"
+_TURN_SEPARATOR = ":"
+
+
+def _count(text: str) -> int | None:
+    """A count as the builders write it (``0``, ``7``, ``12``), or None: no sign, no leading zero,
+    ASCII digits only (``str.isdigit`` also takes ``²``, which ``int`` refuses)."""
+    if not text or not text.isascii() or not text.isdigit() or (len(text) > 1 and text[0] == "0"):
+        return None
+    return int(text)
+
+
+def task_group_id(task_index: int) -> str:
+    """The group id of the ``task_index``-th task of a run: ``t0003``; sortable up to 10,000 tasks."""
+    if task_index < 0:
+        raise ValueError(f"task index {task_index} is negative")
+    return f"t{task_index:04d}"
+
+
 def rollout_id(group_id: str, generation_index: int) -> str:
     """The logical rollout id, stable across retries: ``{group_id}_g{i}``."""
-    return f"{group_id}_g{generation_index}"
+    return f"{group_id}{_GROUP_SEPARATOR}{generation_index}"
+
+
+def parse_rollout_id(value: str) -> tuple[str, int]:
+    """(group id, generation index) of a rollout id: ``t0003_g1`` -> (``t0003``, 1)."""
+    group, sep, index = value.rpartition(_GROUP_SEPARATOR)
+    generation = _count(index)
+    if not sep or not group or generation is None:
+        raise ValueError(f"rollout id {value!r} is not <group id>_g<index>")
+    return group, generation
 
 
 def capture_key(logical_rollout_id: str, attempt: int) -> str:
-    """``<logical>`` for attempt 0, ``<logical>-a<N>`` after (SPEC section 4)."""
+    """``<logical>`` for attempt 0, ``<logical>-a<N>`` after: each attempt's rows are kept apart."""
     if attempt < 0:
         raise ValueError(f"attempt {attempt} is negative")
-    return logical_rollout_id if attempt == 0 else f"{logical_rollout_id}-a{attempt}"
+    if not logical_rollout_id:
+        raise ValueError("a capture key needs a rollout id")
+    return logical_rollout_id if attempt == 0 else f"{logical_rollout_id}{_ATTEMPT_SEPARATOR}{attempt}"
+
+
+def parse_capture_key(key: str) -> tuple[str, int]:
+    """(logical rollout id, attempt) of a capture key: ``g_g1-a2`` -> (``g_g1``, 2), ``g_g1`` -> (``g_g1``, 0).
+
+    Only what ``capture_key`` builds parses: ``g_g1-a0`` or ``g_g1-a02`` (attempt 0 has no suffix, a
+    count no leading zero) and an empty rollout id raise ``ValueError``."""
+    if not key:
+        raise ValueError("capture key is empty")
+    logical, sep, suffix = key.rpartition(_ATTEMPT_SEPARATOR)
+    if not sep or not suffix.isascii() or not suffix.isdigit():
+        return key, 0  # no attempt suffix: attempt 0
+    attempt = _count(suffix)
+    if not logical or attempt is None or attempt == 0:
+        raise ValueError(
+            f"capture key {key!r} is not <rollout id> (attempt 0) or <rollout id>-a<N> (N >= 1, no leading zero)"
+        )
+    return logical, attempt
+
+
+def staging_key(capture: str, turn: int) -> str:
+    """``<capture key>:<turn>``: the key of one model call's staging row (and of that call itself)."""
+    if turn < 0:
+        raise ValueError(f"turn {turn} is negative")
+    if not capture:
+        raise ValueError("a staging key needs a capture key")
+    return f"{capture}{_TURN_SEPARATOR}{turn}"
+
+
+def parse_staging_key(key: str) -> tuple[str, int]:
+    """(capture key, turn) of a staging key: ``g_g1-a2:3`` -> (``g_g1-a2``, 3)."""
+    capture, sep, text = key.rpartition(_TURN_SEPARATOR)
+    turn = _count(text)
+    if not sep or not capture or turn is None:
+        raise ValueError(f"staging key {key!r} is not <capture key>:<turn>")
+    return capture, turn

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parkway.actors.chaos.check import NEMESIS, Verdict, check
+from parkway.actors.chaos.check import NEMESIS, Verdict, check, load_run
 from parkway.actors.chaos.cluster import CONTROLLER, Cluster, ControllerTail, Proc
 from parkway.actors.chaos.schedule import (
     BETWEEN,
@@ -44,13 +44,15 @@ from parkway.actors.chaos.schedule import (
     plan_cells,
     quick_matrix,
     random_plan,
+    relabel,
     render_table,
     table_rows,
 )
 from parkway.actors.launch.rabbit_node import BrokerNodeError, RabbitNode
 from parkway.actors.runtime.client import Client
-from parkway.actors.runtime.history import History, history_dir, load_run, read_file
+from parkway.actors.runtime.history import History, history_dir, read_file
 from parkway.brokers.base import BrokerError
+from parkway.protocol.history import FaultInjected, Record, SnapshotStep, UnplannedExit
 from parkway.protocol.messages import Status, StatusReport
 
 POLL_S = 0.02  # how often the harness looks at its processes and the controller's history
@@ -228,7 +230,7 @@ class Workload:
     ) -> Injected:
         fault = Injected(self.plan.index, str(kind), target, step, time.time(), detail, exact)
         self.result.faults.append(fault)
-        self.nemesis.record("fault", fault=str(kind), target=target, step=step, detail=detail)
+        self.nemesis.record(FaultInjected(fault=str(kind), target=target, step=step, detail=detail))
         self.say(f"fault {kind} {target} at {step} {detail}".rstrip())
         return fault
 
@@ -352,7 +354,7 @@ class Workload:
         else:
             reason = self.cluster.log_tail(CONTROLLER, 3).replace("\n", " | ")[-400:]
             self.result.notes.append(f"controller exited {code} unplanned: {reason}")
-            self.nemesis.record("unplanned_exit", target=CONTROLLER, code=code)
+            self.nemesis.record(UnplannedExit(target=CONTROLLER, code=code))
             self.say(f"controller exited {code}: {reason}")
             if self.result.controllers > 12:
                 raise ChaosError(
@@ -386,7 +388,7 @@ class Workload:
             else:
                 reason = self.cluster.log_tail(address, 3).replace("\n", " | ")[-400:]
                 self.result.notes.append(f"{address} exited {code} unplanned: {reason}")
-                self.nemesis.record("unplanned_exit", target=address, code=code)
+                self.nemesis.record(UnplannedExit(target=address, code=code))
             self.start_actor(address)
             await self.wait_ready(client, [address])
 
@@ -397,8 +399,8 @@ class Workload:
         if elapsed < fault.at_s:
             return
         if fault.at_step is not None:
-            last = next((r for r in reversed(tail.records) if r.kind == "snap"), None)
-            if last is None or last.fields.get("step") != fault.at_step or last.t < time.time() - 1.0:
+            last = next((r for r in reversed(tail.records) if isinstance(r, SnapshotStep)), None)
+            if last is None or last.step != fault.at_step or last.t < time.time() - 1.0:
                 return  # wait for the controller to start that step (the tail lags by one poll at most)
         self.timed.pop(0)
         await self._fire(client, fault)
@@ -438,19 +440,11 @@ class Workload:
 
     def _relabel(self) -> None:
         """Timed faults get the step the controller's history shows at their moment."""
-        records = []
+        records: list[Record] = []
         for path in sorted(self.history_dir.glob("controller-0-*.jsonl")):
             with contextlib.suppress(OSError, ValueError):
                 records.extend(read_file(path))
-        records.sort(key=lambda r: r.t)
-        for fault in self.result.faults:
-            if fault.exact:
-                continue
-            before = [r for r in records if r.t <= fault.t]
-            latest = before[-1].inc if before else None
-            seen = controller_step(r for r in before if r.inc == latest)
-            fault.detail = (fault.detail + f" planned {fault.step}").strip()
-            fault.step = seen if seen == BETWEEN else f"during {seen}"
+        relabel(self.result.faults, records)
 
 
 # -- the run ------------------------------------------------------------------------------------

@@ -24,7 +24,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from parkway.actors.runtime.history import Record
+from parkway.protocol.history import (
+    Record,
+    RestoreStarted,
+    RunFinished,
+    RunStarted,
+    SnapshotAborted,
+    SnapshotDone,
+    SnapshotFailed,
+    SnapshotSkipped,
+    SnapshotStep,
+)
 from parkway.protocol.snapshot import SAVE_SEQUENCE
 
 
@@ -258,7 +268,7 @@ def random_plan(index: int, seed: int, *, broker: bool) -> WorkloadPlan:
 
 
 # -- where the controller is: read from its history ---------------------------------------------
-_SNAP_END = frozenset({"snap_done", "snap_failed", "snap_aborted", "snap_skipped"})
+_SNAP_END = (SnapshotDone, SnapshotFailed, SnapshotAborted, SnapshotSkipped)
 
 
 def controller_step(records: Iterable[Record]) -> str:
@@ -266,13 +276,13 @@ def controller_step(records: Iterable[Record]) -> str:
     progress, a restore, start-up, or ``BETWEEN`` snapshots."""
     step = "start-up"
     for record in records:
-        if record.kind == "snap":
-            step = str(record.fields["step"])
-        elif record.kind in _SNAP_END or record.kind == "run_started":
+        if isinstance(record, SnapshotStep):
+            step = record.step
+        elif isinstance(record, (*_SNAP_END, RunStarted)):
             step = BETWEEN
-        elif record.kind == "restore_started":
+        elif isinstance(record, RestoreStarted):
             step = "restore"
-        elif record.kind == "run_finished":
+        elif isinstance(record, RunFinished):
             step = "finished"
     return step
 
@@ -300,6 +310,19 @@ class Injected:
             "detail": self.detail,
             "exact": self.exact,
         }
+
+
+def relabel(faults: Iterable[Injected], records: list[Record]) -> None:
+    """Give each timed fault the step the controller's history (``records``, its own, in time order)
+    shows at its moment, and keep the step it was planned at in its detail."""
+    for fault in faults:
+        if fault.exact:
+            continue
+        before = [r for r in records if r.t <= fault.t]
+        latest = before[-1].inc if before else None
+        seen = controller_step(r for r in before if r.inc == latest)
+        fault.detail = (fault.detail + f" planned {fault.step}").strip()
+        fault.step = seen if seen == BETWEEN else f"during {seen}"
 
 
 def table_rows(injected: Iterable[Injected], passed: dict[int, bool]) -> list[dict[str, Any]]:

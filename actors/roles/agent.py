@@ -20,17 +20,33 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
+from msgspec import UNSET, UnsetType
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.actors.sdk import chat
 from parkway.actors.sdk.programs import PROGRAMS
 from parkway.actors.sdk.rollout import RolloutContext, RolloutFailure, ToolOutcome
 from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.errors import ProtocolError
-from parkway.protocol.ids import capture_key
+from parkway.protocol.history import (
+    CallRecord,
+    ContinuationRestored,
+    ModelCallReplayed,
+    ModelCallSent,
+    ModelReplyReceived,
+    Receipt,
+    ReceiptAcked,
+    RolloutStopped,
+    RunReceived,
+    SnapshotInstalled,
+    ToolCallReplayed,
+    ToolCallSent,
+    ToolResultReceived,
+)
+from parkway.protocol.ids import capture_key, staging_key
 from parkway.protocol.messages import (
     Ack,
     AttemptRef,
@@ -61,6 +77,25 @@ TRANSPORT_RETRIES_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
 PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL})
+
+
+CallKind = TypeVar("CallKind", bound=CallRecord)
+
+
+def _about_call(kind: type[CallKind], run: Run, index: int) -> CallKind:
+    """A history record of model call ``index`` of ``run``'s attempt."""
+    return kind(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index)
+
+
+def _received(run: Run, outcome: str, continue_from: int | UnsetType | None = UNSET) -> RunReceived:
+    """The history record of a Run received: accepted (with the turns it continues from), or not."""
+    return RunReceived(
+        rollout_id=run.rollout_id,
+        attempt=run.attempt,
+        epoch=run.epoch,
+        outcome=outcome,
+        continue_from=continue_from,
+    )
 
 
 @dataclass
@@ -141,7 +176,7 @@ class Agent(Participant):
         key = (run.rollout_id, run.attempt)
         if run.epoch < self.epoch or key in self.retired:
             self.counts["runs_stale"] += 1  # from an older controller incarnation, or a replaced attempt
-            self.history.record("run", r=run.rollout_id, a=run.attempt, epoch=run.epoch, outcome="stale")
+            self.history.record(_received(run, "stale"))
             return
         self.epoch = run.epoch
         if (
@@ -150,17 +185,11 @@ class Agent(Participant):
             or self.latest_attempt.get(run.rollout_id, -1) > run.attempt
         ):
             self.counts["runs_duplicate"] += 1  # redelivered: the attempt exists or was replaced
-            self.history.record("run", r=run.rollout_id, a=run.attempt, epoch=run.epoch, outcome="duplicate")
+            self.history.record(_received(run, "duplicate"))
             return
         self.latest_attempt[run.rollout_id] = run.attempt
-        self.history.record(
-            "run",
-            r=run.rollout_id,
-            a=run.attempt,
-            epoch=run.epoch,
-            outcome="accepted",
-            continue_from=run.task.get("continue_from"),
-        )
+        saved_turns = run.task.get("continue_from")  # the controller's; any other value is no count
+        self.history.record(_received(run, "accepted", saved_turns if isinstance(saved_turns, int) else None))
         live = LiveRollout(run)
         if "continue_from" in run.task:
             live.replay = self.continuations.pop(run.rollout_id, None)
@@ -179,7 +208,7 @@ class Agent(Participant):
         for ref in ack.receipts:
             if self.unacked.pop((ref.rollout_id, ref.attempt), None) is not None:
                 self.counts["receipts_acked"] += 1
-                self.history.record("acked", r=ref.rollout_id, a=ref.attempt)
+                self.history.record(ReceiptAcked(rollout_id=ref.rollout_id, attempt=ref.attempt))
 
     async def on_retire(self, command: Retire) -> Message:
         stopped = 0
@@ -248,14 +277,17 @@ class Agent(Participant):
             self.latest_attempt[item.run.rollout_id] = attempt  # attempt N+1 may start; N is fenced
             restored.append(AttemptRef(rollout_id=item.run.rollout_id, attempt=attempt))
             self.history.record(
-                "continuation",
-                r=item.run.rollout_id,
-                a=attempt,
-                saved_attempt=item.run.attempt,
-                kept_model=len(item.model),
-                kept_tools=len(item.tools),
+                ContinuationRestored(
+                    rollout_id=item.run.rollout_id,
+                    attempt=attempt,
+                    saved_attempt=item.run.attempt,
+                    kept_model=len(item.model),
+                    kept_tools=len(item.tools),
+                )
             )
-        self.history.record("restored", epoch=command.epoch, stopped=len(zombies), continuing=len(restored))
+        self.history.record(
+            SnapshotInstalled(epoch=command.epoch, stopped=len(zombies), continuing=len(restored))
+        )
         return tuple(restored)
 
     # -- one attempt ---------------------------------------------------------------------------
@@ -302,7 +334,9 @@ class Agent(Participant):
                 log.info("rollout_completed", turns=ctx.turns, reward=reward)
             except asyncio.CancelledError:
                 self.counts["rollouts_retired"] += 1
-                self.history.record("stopped", r=run.rollout_id, a=run.attempt, turns=ctx.turns)
+                self.history.record(
+                    RolloutStopped(rollout_id=run.rollout_id, attempt=run.attempt, turns=ctx.turns)
+                )
                 log.info("rollout_stopped", turns=ctx.turns)  # a turn in progress stays unfinished
                 await self._release(run, ck, resources, ctx.tool_calls)
                 raise
@@ -315,12 +349,13 @@ class Agent(Participant):
                 await self._release(run, ck, resources, ctx.tool_calls)
             self.unacked[key] = (receipt, time.monotonic())
             self.history.record(
-                "receipt",
-                r=run.rollout_id,
-                a=run.attempt,
-                of="completed" if isinstance(receipt, Completed) else "failed",
-                code=getattr(receipt, "code", None),
-                turns=receipt.turns,
+                Receipt(
+                    rollout_id=run.rollout_id,
+                    attempt=run.attempt,
+                    of="completed" if isinstance(receipt, Completed) else "failed",
+                    code=receipt.code if isinstance(receipt, Failed) else None,
+                    turns=receipt.turns,
+                )
             )
             await self._send_receipt(receipt)
 
@@ -381,7 +416,7 @@ class Agent(Participant):
             self._start_turn(live, index, replayed=True)
             live.model.append(step)
             self.counts["model_calls_replayed"] += 1
-            self.history.record("model_replayed", r=run.rollout_id, a=run.attempt, i=index)
+            self.history.record(_about_call(ModelCallReplayed, run, index))
             return Generated(
                 rollout_id=run.rollout_id,
                 attempt=run.attempt,
@@ -402,26 +437,26 @@ class Agent(Participant):
         )
         self._start_turn(live, index, replayed=False)
         self._set_state(live, AWAITING_MODEL)  # parked at the boundary just passed
-        self.history.record("model_call", r=run.rollout_id, a=run.attempt, i=index)
+        self.history.record(_about_call(ModelCallSent, run, index))
         # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at its
         # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation
         # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
         try:
-            reply = await self._request(self.policy_address, request, f"{ck}:{index}")
+            reply = await self._request(self.policy_address, request, staging_key(ck, index))
         except RolloutFailure:
             await self._released.wait()
             raise
         await self._released.wait()
         if not isinstance(reply, Generated):
             raise RolloutFailure("policy_error", f"unexpected reply {type(reply).__name__}")
-        self.history.record("model_reply", r=run.rollout_id, a=run.attempt, i=index)
+        self.history.record(_about_call(ModelReplyReceived, run, index))
         live.model.append(
             ModelStep(
                 prompt_sha256=digest,
                 token_ids=reply.token_ids,
                 logprobs=reply.logprobs,
                 finish_reason=reply.finish_reason,
-                staging_key=f"{ck}:{index}",
+                staging_key=staging_key(ck, index),
             )
         )
         self._set_state(live, RUNNING)
@@ -437,7 +472,9 @@ class Agent(Participant):
                 raise RolloutFailure("replay_diverged", f"tool call {index} differs from the saved one")
             live.tools.append(step)
             self.counts["tool_calls_replayed"] += 1
-            self.history.record("tool_replayed", r=run.rollout_id, a=run.attempt, i=index, tool=tool)
+            self.history.record(
+                ToolCallReplayed(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index, tool=tool)
+            )
             return ToolOutcome(step.ok, dict(step.output))
         call = ToolCall(
             rollout_id=run.rollout_id,
@@ -449,7 +486,15 @@ class Agent(Participant):
             seed=run.seed,
         )
         self._set_state(live, IN_TOOL)
-        self.history.record("tool_call", r=run.rollout_id, a=run.attempt, i=index, tool=tool, to=resources)
+        self.history.record(
+            ToolCallSent(
+                rollout_id=run.rollout_id,
+                attempt=run.attempt,
+                call_index=index,
+                tool=tool,
+                resources=resources,
+            )
+        )
         try:
             reply = await self._request(resources, call, f"{ck}:t{index}")
         finally:
@@ -457,7 +502,13 @@ class Agent(Participant):
         if not isinstance(reply, ToolResult):
             raise RolloutFailure("resources_error", f"unexpected reply {type(reply).__name__}")
         self.history.record(
-            "tool_result", r=run.rollout_id, a=run.attempt, i=index, ok=reply.ok, rev=reply.revision
+            ToolResultReceived(
+                rollout_id=run.rollout_id,
+                attempt=run.attempt,
+                call_index=index,
+                ok=reply.ok,
+                revision=reply.revision,
+            )
         )
         live.tools.append(ToolStep(tool=tool, arguments=arguments, ok=reply.ok, output=dict(reply.output)))
         return ToolOutcome(reply.ok, dict(reply.output))

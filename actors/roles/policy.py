@@ -32,7 +32,8 @@ from parkway.actors.engines.ray_host import EnginePool, EngineSpec
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
-from parkway.protocol.ids import capture_key
+from parkway.protocol.history import GenerationAborted, GenerationFinished, GenerationStarted, Refused
+from parkway.protocol.ids import capture_key, staging_key
 from parkway.protocol.messages import (
     AttemptRef,
     Commit,
@@ -108,13 +109,15 @@ class Policy(Participant):
         self._refuse_retired(attempt)
         restores = self._restores  # a restore while this call waits or generates makes it the dead cluster's
         key = capture_key(call.rollout_id, call.attempt)
-        request_id = f"{key}:{call.call_index}"
+        request_id = staging_key(key, call.call_index)  # the key of the staging row this call makes
         await self.wait_for_gate(request_id, "admission")  # a call not yet generating waits while closed
         self._refuse_retired(attempt, restores)
         # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
         version = max(call.policy_version, self.policy_version)
         self._generating[request_id] = attempt
-        self.history.record("generate", r=call.rollout_id, a=call.attempt, i=call.call_index)
+        self.history.record(
+            GenerationStarted(rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index)
+        )
         self._idle.clear()
         try:
             result = await self.pool.generate(
@@ -151,7 +154,9 @@ class Policy(Participant):
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"staging row for {request_id} not sent: {exc}"
             ) from exc
-        self.history.record("generated", r=call.rollout_id, a=call.attempt, i=call.call_index)
+        self.history.record(
+            GenerationFinished(rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index)
+        )
         log.debug(
             "generated",
             request_id=request_id,
@@ -235,12 +240,12 @@ class Policy(Participant):
 
     def _refuse_retired(self, attempt: tuple[str, int], restores: int | None = None) -> None:
         if attempt in self.retired:
-            self.history.record("refused", r=attempt[0], a=attempt[1], code="stale_attempt")
+            self.history.record(Refused(rollout_id=attempt[0], attempt=attempt[1], code="stale_attempt"))
             raise ProtocolError(ErrorCode.STALE_ATTEMPT, f"attempt {attempt[1]} of {attempt[0]} is retired")
         if restores is not None and restores != self._restores:
             # Not a verdict on the attempt (the restored ledger may reuse its number), so not cached:
             # a call with this request id after the restore is served afresh.
-            self.history.record("refused", r=attempt[0], a=attempt[1], code="restored")
+            self.history.record(Refused(rollout_id=attempt[0], attempt=attempt[1], code="restored"))
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE,
                 f"attempt {attempt[1]} of {attempt[0]}: the cluster was restored while this call waited",
@@ -300,7 +305,9 @@ class Policy(Participant):
         self._restores += 1
         for request_id, attempt in list(self._generating.items()):
             await self.pool.abort(request_id)
-            self.history.record("aborted", r=attempt[0], a=attempt[1], request=request_id)
+            self.history.record(
+                GenerationAborted(rollout_id=attempt[0], attempt=attempt[1], request_id=request_id)
+            )
         if weights_dir is not None and weights_dir != self.weights_dir:
             # The rollouts resume on the weights they were generating with, not on the start-up ones.
             await self._load(weights_dir)

@@ -29,6 +29,14 @@ import structlog
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.actors.sdk.environments import ENVIRONMENTS, Environment, Record, ToolError
 from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.history import (
+    DuplicateToolCall,
+    MutationApplied,
+    SessionOpened,
+    SessionReleased,
+    SessionRestored,
+    SessionVerified,
+)
 from parkway.protocol.messages import (
     AttemptRef,
     Commit,
@@ -134,7 +142,9 @@ class Resources(Participant):
                 self.counts["sessions_retired"] += 1  # superseded by the newer attempt
             session = self.sessions[call.rollout_id] = fresh
             self.counts["sessions_opened"] += 1
-            self.history.record("session_opened", r=call.rollout_id, a=call.attempt, i=call.call_index)
+            self.history.record(
+                SessionOpened(rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index)
+            )
         if (session.env.name, session.env.seed) != (call.env, call.seed):
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE,
@@ -166,7 +176,11 @@ class Resources(Participant):
                 f"with other arguments; a call index names one call",
             )
         self.counts["tool_duplicates"] += 1
-        self.history.record("duplicate", r=call.rollout_id, a=call.attempt, i=call.call_index, tool=call.tool)
+        self.history.record(
+            DuplicateToolCall(
+                rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index, tool=call.tool
+            )
+        )
         return result
 
     def _after_retirement(self, session: Session, call: ToolCall) -> ToolResult:
@@ -193,20 +207,21 @@ class Resources(Participant):
                 log.error("mutation_applied_twice", call_index=call.call_index, tool=call.tool)
             session.applied.add(call.call_index)
             self.history.record(
-                "mutation",
-                r=call.rollout_id,
-                a=call.attempt,
-                i=call.call_index,
-                tool=call.tool,
-                rev=session.revision,
-                effect=output,
+                MutationApplied(
+                    rollout_id=call.rollout_id,
+                    attempt=call.attempt,
+                    call_index=call.call_index,
+                    tool=call.tool,
+                    revision=session.revision,
+                    effect=output,
+                )
             )
         return self._result(session, call, ok=True, output=output)
 
     def _release(self, session: Session, call: ToolCall) -> ToolResult:
         """Retire without a score. It skips the index check: clean-up must work whatever index it
         comes with (an agent that lost a call's reply releases under that call's index)."""
-        self.history.record("released", r=call.rollout_id, a=call.attempt)
+        self.history.record(SessionReleased(rollout_id=call.rollout_id, attempt=call.attempt))
         return self._retire(call, session, self._result(session, call, ok=True, output={"released": True}))
 
     def _verify(self, session: Session, call: ToolCall) -> ToolResult:
@@ -218,13 +233,14 @@ class Resources(Participant):
             return self._result(session, call, ok=False, output={"error": err.message})
         if self.history.enabled:
             self.history.record(
-                "verified",
-                r=call.rollout_id,
-                a=call.attempt,
-                reward=reward,
-                rev=session.revision,
-                applied=sorted(session.applied),
-                recorded=sum(1 for tool, _, _ in record if session.env.spec(tool).mutates),
+                SessionVerified(
+                    rollout_id=call.rollout_id,
+                    attempt=call.attempt,
+                    reward=reward,
+                    revision=session.revision,
+                    applied=tuple(sorted(session.applied)),
+                    recorded=sum(1 for tool, _, _ in record if session.env.spec(tool).mutates),
+                )
             )
         return self._retire(call, session, self._result(session, call, ok=True, output={"reward": reward}))
 
@@ -288,12 +304,13 @@ class Resources(Participant):
             self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
             self.counts["sessions_opened"] += 1
             self.history.record(
-                "session_restored",
-                r=item.rollout_id,
-                a=attempt,
-                saved_attempt=item.attempt,
-                rev=item.revision,
-                applied=sorted(item.applied),
+                SessionRestored(
+                    rollout_id=item.rollout_id,
+                    attempt=attempt,
+                    saved_attempt=item.attempt,
+                    revision=item.revision,
+                    applied=tuple(sorted(item.applied)),
+                )
             )
             restored.append(AttemptRef(rollout_id=item.rollout_id, attempt=attempt))
         return tuple(restored)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,8 @@ import msgspec
 import structlog
 from parkway.actors.runtime.participant import Participant, write_records
 from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.history import Refused, RowSealed, RowStaged, SnapshotInstalled
+from parkway.protocol.ids import parse_capture_key, parse_staging_key
 from parkway.protocol.messages import (
     AttemptRef,
     CanonicalRow,
@@ -36,18 +37,21 @@ from parkway.protocol.messages import (
 
 log = structlog.get_logger("parkway.tq")
 
-_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
+
+def attempt_of(key: str) -> tuple[str, int]:
+    """(logical rollout id, attempt) of a row's capture key (``g_g1-a2`` -> (``g_g1``, 2); no suffix: 0).
+
+    TQ stores the rows it is sent whatever their keys: a key no builder makes (a foreign or fuzzed
+    client's) is a rollout of its own at attempt 0, as it always was, rather than a refused row."""
+    try:
+        return parse_capture_key(key)
+    except ValueError:
+        return key, 0
 
 
-def logical_id(capture_key: str) -> str:
+def logical_id(key: str) -> str:
     """The logical rollout id of a capture key (``g_g1-a2`` -> ``g_g1``)."""
-    return _ATTEMPT_SUFFIX.sub("", capture_key)
-
-
-def attempt_of(capture_key: str) -> tuple[str, int]:
-    """(logical rollout id, attempt) of a capture key (``g_g1-a2`` -> (``g_g1``, 2); no suffix: 0)."""
-    match = _ATTEMPT_SUFFIX.search(capture_key)
-    return (logical_id(capture_key), int(match[0][2:])) if match else (capture_key, 0)
+    return attempt_of(key)[0]
 
 
 class TransferStore:
@@ -99,16 +103,23 @@ class TransferStore:
         self.canonical[rollout_id] = row
         return row
 
-    def _row(self, staging_key: str) -> StagingRow:
-        key, _, turn = staging_key.rpartition(":")
-        row = self.staging.get(key, {}).get(int(turn)) if turn.isdigit() else None
+    def _row(self, key: str) -> StagingRow:
+        row = self._find(key)
         if row is None:
-            raise ProtocolError(ErrorCode.UNAVAILABLE, f"no staging row {staging_key} yet")
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"no staging row {key} yet")
         return row
 
-    def has(self, staging_key: str) -> bool:
-        key, _, turn = staging_key.rpartition(":")
-        return turn.isdigit() and int(turn) in self.staging.get(key, {})
+    def has(self, key: str) -> bool:
+        return self._find(key) is not None
+
+    def _find(self, key: str) -> StagingRow | None:
+        """The staging row of a staging key; None when absent, or when the key is not one (it names
+        no row, as for any unknown key: the sender gets "not there yet", not a broken TQ)."""
+        try:
+            capture, turn = parse_staging_key(key)
+        except ValueError:
+            return None
+        return self.staging.get(capture, {}).get(turn)
 
     def release(self, rollout_ids: tuple[str, ...]) -> int:
         """Drop what the trainer consumed: each rollout's canonical row and the staging rows of all its
@@ -189,12 +200,12 @@ class TransferQueue(Participant):
         for row in message.rows:
             if attempt_of(row.capture_key) in self.retired:  # fenced: generated for an attempt given up on
                 self.counts["staging_fenced"] += 1
-                self.history.record("refused", ck=row.capture_key, i=row.turn, code="stale_attempt")
+                self.history.record(Refused(capture_key=row.capture_key, turn=row.turn, code="stale_attempt"))
                 continue
             if self.store.add(row):
                 self.counts["staging_rows"] += 1
                 self.counts["turns_regenerated"] = self.store.turns_regenerated
-                self.history.record("staged", ck=row.capture_key, i=row.turn)
+                self.history.record(RowStaged(capture_key=row.capture_key, turn=row.turn))
             else:
                 self.counts["staging_duplicates"] += 1
 
@@ -206,12 +217,13 @@ class TransferQueue(Participant):
         self.counts["canonical_rows"] = len(self.store.canonical)
         if row is not before:
             self.history.record(
-                "sealed",
-                r=row.rollout_id,
-                a=row.attempt,
-                ck=row.capture_key,
-                turns=[t.turn for t in row.turns],
-                replaced=before.capture_key if before is not None else None,
+                RowSealed(
+                    rollout_id=row.rollout_id,
+                    attempt=row.attempt,
+                    capture_key=row.capture_key,
+                    turns=tuple(t.turn for t in row.turns),
+                    replaced=before.capture_key if before is not None else None,
+                )
             )
         return Ok(detail=f"{len(row.turns)} turns")
 
@@ -236,10 +248,11 @@ class TransferQueue(Participant):
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         self.store = TransferStore.load(directory)
         self.history.record(
-            "restored",
-            cid=command.checkpoint_id,
-            location=command.location,
-            staged=sum(len(turns) for turns in self.store.staging.values()),
-            canonical=sorted(self.store.canonical),
+            SnapshotInstalled(
+                checkpoint_id=command.checkpoint_id,
+                location=command.location,
+                staged=sum(len(turns) for turns in self.store.staging.values()),
+                canonical=tuple(sorted(self.store.canonical)),
+            )
         )
         return ()

@@ -37,6 +37,7 @@ from parkway.actors.runtime.replies import ReplyCache
 from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
 from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.history import Started
 from parkway.protocol.ids import actor_address, validate_name
 from parkway.protocol.messages import (
     Capabilities,
@@ -117,7 +118,7 @@ class Actor:
         self._heartbeat = asyncio.get_running_loop().create_task(heartbeat.beat(self))
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             log.info("actor_started", pid=os.getpid())
-        self.history.record("started", started_at=self.started_at)
+        self.history.record(Started(started_at=self.started_at))
 
     async def stop(self) -> None:
         """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""

@@ -31,6 +31,7 @@ import structlog
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.history import AttemptsFenced, PhaseChanged
 from parkway.protocol.messages import (
     CONTROL_COMMANDS,
     Abort,
@@ -283,9 +284,9 @@ class Participant(Actor):
     async def on_retire(self, command: Retire) -> Message:
         for ref in command.attempts:
             self.retired.add((ref.rollout_id, ref.attempt))
-        self.history.record(
-            "fence", cid=command.checkpoint_id, attempts=[[r.rollout_id, r.attempt] for r in command.attempts]
-        )
+        if self.history.enabled:
+            fenced = tuple((r.rollout_id, r.attempt) for r in command.attempts)
+            self.history.record(AttemptsFenced(checkpoint_id=command.checkpoint_id, attempts=fenced))
         return Ok(detail=f"retired {len(command.attempts)}")
 
     async def on_forget(self, command: Forget) -> Message:
@@ -320,7 +321,9 @@ class Participant(Actor):
         if transition.outcome is Outcome.MOVED:
             self._time_phase(transition)
             log.info("phase", on=event.value, before=transition.before.value, after=transition.after.value)
-            self.history.record("phase", cid=checkpoint_id, on=event.value, after=transition.after.value)
+            self.history.record(
+                PhaseChanged(checkpoint_id=checkpoint_id, event=event.value, after=transition.after.value)
+            )
         return transition
 
     def _time_phase(self, transition: Transition) -> None:
@@ -362,7 +365,9 @@ class Participant(Actor):
                     if transition is not None:
                         self._time_phase(transition)
                         log.warning("lease_lapsed", phase_before=transition.before.value)
-                        self.history.record("phase", cid=transition.checkpoint_id, on="lapse", after="idle")
+                        self.history.record(
+                            PhaseChanged(checkpoint_id=transition.checkpoint_id, event="lapse", after="idle")
+                        )
                         await self._end(transition.checkpoint_id)
 
 

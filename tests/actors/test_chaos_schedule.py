@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
 from parkway.actors.chaos.schedule import (
     BETWEEN,
     RESTORE_POINTS,
@@ -17,10 +18,11 @@ from parkway.actors.chaos.schedule import (
     plan_cells,
     quick_matrix,
     random_plan,
+    relabel,
     render_table,
     table_rows,
 )
-from parkway.actors.runtime.history import Record
+from parkway.protocol.history import Record, RestoreStarted, RunStarted, SnapshotDone, SnapshotStep
 
 
 def cells_of(plans) -> list[tuple[str, str]]:
@@ -91,20 +93,38 @@ def test_fault_points_are_armed_with_their_count() -> None:
     assert ActorPoint("tq/0", "after_reply_sent:Commit", 4).spec == "after_reply_sent:Commit@4"
 
 
-def record(kind: str, t: float, **fields: object) -> Record:
-    return Record(t, int(t * 100), kind, "controller/0", 1, "1", dict(fields))
+def stamped(record: Record, t: float) -> Record:
+    """A controller's record at time ``t``, as its history file would hold it."""
+    return msgspec.structs.replace(record, t=t, n=int(t * 100), actor="controller/0", pid=1, inc="1")
 
 
 def test_the_controller_step_is_read_from_its_history() -> None:
     assert controller_step([]) == "start-up"
     history = [
-        record("run_started", 1.0),
-        record("snap", 1.1, step="close_gate"),
-        record("snap", 1.2, step="prepare"),
+        stamped(RunStarted(restored=False, epoch=1, expected=()), 1.0),
+        stamped(SnapshotStep(checkpoint_id="ck-1", step="close_gate"), 1.1),
+        stamped(SnapshotStep(checkpoint_id="ck-1", step="prepare"), 1.2),
     ]
     assert controller_step(history) == "prepare"
-    assert controller_step([*history, record("snap_done", 1.3)]) == BETWEEN
-    assert controller_step([*history, record("restore_started", 1.4)]) == "restore"
+    done = SnapshotDone(checkpoint_id="ck-1", snapshot="snapshot_1")
+    assert controller_step([*history, stamped(done, 1.3)]) == BETWEEN
+    restore = RestoreStarted(restore_id="rs-1", snapshot="snapshot_1", saved_checkpoint_id="ck-1")
+    assert controller_step([*history, stamped(restore, 1.4)]) == "restore"
+
+
+def test_a_timed_fault_is_relabelled_with_the_step_the_controller_was_in() -> None:
+    history = [
+        stamped(RunStarted(restored=False, epoch=1, expected=()), 1.0),
+        stamped(SnapshotStep(checkpoint_id="ck-1", step="prepare"), 1.2),
+        stamped(SnapshotDone(checkpoint_id="ck-1", snapshot="snapshot_1"), 1.5),
+    ]
+    during = Injected(0, "pause_actor", "tq/0", "prepare", 1.3, exact=False)
+    between = Injected(0, "kill_actor", "tq/0", BETWEEN, 1.6, detail="hold 1s", exact=False)
+    exact = Injected(0, "kill_controller", "controller", "after_commit", 1.3)
+    relabel([during, between, exact], history)
+    assert (during.step, during.detail) == ("during prepare", "planned prepare")
+    assert (between.step, between.detail) == (BETWEEN, f"hold 1s planned {BETWEEN}")
+    assert (exact.step, exact.detail) == ("after_commit", "")
 
 
 def test_the_table_counts_runs_and_fails_a_cell_whose_workload_failed() -> None:

@@ -11,18 +11,18 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import msgspec
 import pytest
-from parkway.actors.chaos.check import CHECKS, Verdict, check, shortest_slice
+from parkway.actors.chaos.check import CHECKS, RunHistory, Verdict, check, load_run, shortest_slice
 from parkway.actors.runtime.history import (
     HISTORY_ENV,
     History,
     HistoryFormatError,
     Record,
-    RunHistory,
-    load_run,
     read_file,
     read_history,
 )
+from parkway.protocol.history import RowSealed, RowStaged, record_from_fields
 
 from tests.actors.helpers import embedded_run
 
@@ -46,7 +46,8 @@ class Builder:
             self.t += 0.01
         self.n[(actor, inc)] += 1
         pid = int(inc.split(".")[0])
-        record = Record(at or self.t, self.n[(actor, inc)], kind, actor, pid, inc, dict(fields))
+        n = self.n[(actor, inc)]
+        record = record_from_fields(kind, t=at or self.t, n=n, actor=actor, pid=pid, inc=inc, **fields)
         self.records.append(record)
         self.records.sort(key=lambda r: r.t)
         return record
@@ -60,9 +61,19 @@ class Builder:
         self.add("tq/0", "staged", inc, ck=ck, i=index)
         self.add("agent/0", "model_reply", inc, r=rollout, a=attempt, i=index)
         if mutation:
-            self.add("agent/0", "tool_call", inc, r=rollout, a=attempt, i=index, tool="transfer")
             self.add(
-                "resources/0", "mutation", inc, r=rollout, a=attempt, i=index, tool="transfer", rev=index + 1
+                "agent/0", "tool_call", inc, r=rollout, a=attempt, i=index, tool="transfer", to="resources/0"
+            )
+            self.add(
+                "resources/0",
+                "mutation",
+                inc,
+                r=rollout,
+                a=attempt,
+                i=index,
+                tool="transfer",
+                rev=index + 1,
+                effect={},
             )
 
     def finish(
@@ -98,7 +109,7 @@ def clean() -> Builder:
     """Two rollouts, two turns each, a snapshot in between, the run finished."""
     b = Builder()
     for actor in ("tq/0", "policy/0", "resources/0", "agent/0", "controller/0"):
-        b.add(actor, "started")
+        b.add(actor, "started", started_at=b.t)
     b.add("controller/0", "run_started", restored=False, epoch=1, expected=list(ROLLOUTS))
     for rollout in ROLLOUTS:
         b.add("controller/0", "dispatch", r=rollout, a=0, epoch=1, replica=0, continue_from=None)
@@ -166,7 +177,7 @@ def crashed_after_snapshot(*, seal_again: str) -> Builder:
     b.finish("t0000_g0", 0, controller="1", seq=1, applied=[0])
     b.publish("snapshot_1", "ck-1", controller="1", seals=1)
     b.finish("t0000_g1", 0, controller="1", seq=2, applied=[0])  # lost with controller 1
-    b.add("controller/0", "started", "2")
+    b.add("controller/0", "started", "2", started_at=b.t)
     b.add("controller/0", "restore_started", "2", rid="rs-1", snapshot="snapshot_1", saved_cid="ck-1")
     b.add("agent/0", "continuation", r="t0000_g1", a=1, saved_attempt=0, kept_model=1, kept_tools=1)
     b.add("resources/0", "session_restored", r="t0000_g1", a=1, saved_attempt=0, rev=1, applied=[0])
@@ -232,8 +243,16 @@ def test_the_call_in_flight_at_the_snapshot_may_be_generated_again() -> None:
     # Attempt 0 had generated call 1 before the crash (in flight, not in the snapshot): attempt 1 redoes it.
     b.records.insert(
         10,
-        Record(
-            b.records[9].t + 0.0001, 99, "generated", "policy/0", 1, "1", {"r": "t0000_g1", "a": 0, "i": 1}
+        record_from_fields(
+            "generated",
+            t=b.records[9].t + 0.0001,
+            n=99,
+            actor="policy/0",
+            pid=1,
+            inc="1",
+            r="t0000_g1",
+            a=0,
+            i=1,
         ),
     )
     assert check(b.history()).ok
@@ -243,7 +262,7 @@ def test_a_mutation_applied_twice_in_one_session_fails_mutations_exactly_once() 
     b = clean()
     first = next(r for r in b.records if r.kind == "mutation" and r.fields["r"] == "t0000_g0")
     b.t = first.t + 0.001
-    b.add("resources/0", "mutation", r="t0000_g0", a=0, i=0, tool="transfer", rev=2)
+    b.add("resources/0", "mutation", r="t0000_g0", a=0, i=0, tool="transfer", rev=2, effect={})
     verdict = check(b.history())
     assert failed_checks(verdict) == ["mutations_exactly_once"]
     assert "tool call 0 (transfer) applied twice in one session" in messages(
@@ -255,10 +274,8 @@ def test_a_session_that_lost_a_mutation_fails_mutations_exactly_once() -> None:
     b = clean()
     for index, record in enumerate(b.records):
         if record.kind == "verified" and record.fields["r"] == "t0000_g1":
-            fields = dict(record.fields, applied=[1], rev=1, reward=0.0)  # a fresh session after a crash
-            b.records[index] = Record(
-                record.t, record.n, record.kind, record.actor, record.pid, record.inc, fields
-            )
+            # a fresh session after a crash
+            b.records[index] = msgspec.structs.replace(record, applied=(1,), revision=1, reward=0.0)
     verdict = check(b.history())
     assert failed_checks(verdict) == ["mutations_exactly_once"]
     assert (
@@ -271,7 +288,9 @@ def test_a_mutation_of_a_restored_session_applied_again_fails() -> None:
     b = crashed_after_snapshot(seal_again="t0000_g1")
     restored = next(r for r in b.records if r.kind == "session_restored")
     b.t = restored.t + 0.0001
-    b.add("resources/0", "mutation", r="t0000_g1", a=1, i=0, tool="transfer", rev=2)  # call 0 was applied
+    b.add(
+        "resources/0", "mutation", r="t0000_g1", a=1, i=0, tool="transfer", rev=2, effect={}
+    )  # call 0 was applied
     verdict = check(b.history())
     assert "mutations_exactly_once" in failed_checks(verdict)
     assert "t0000_g1 attempt 1: tool call 0 (transfer) applied twice" in messages(
@@ -298,8 +317,28 @@ def test_an_attempt_number_the_dead_controller_used_is_the_restored_ledgers_agai
     b = crashed_after_snapshot(seal_again="t0000_g1")
     lost = next(r for r in b.records if r.kind == "seal" and r.inc == "1" and r.fields["r"] == "t0000_g1")
     t = lost.t  # after the capture, before the controller died (0.01 s later)
-    b.add("controller/0", "dispatch", "1", at=t + 0.001, r="t0000_g1", a=1, epoch=1, replica=0)
-    b.add("controller/0", "dispatch", "1", at=t + 0.002, r="t0000_g1", a=2, epoch=1, replica=0)
+    b.add(
+        "controller/0",
+        "dispatch",
+        "1",
+        at=t + 0.001,
+        r="t0000_g1",
+        a=1,
+        epoch=1,
+        replica=0,
+        continue_from=None,
+    )
+    b.add(
+        "controller/0",
+        "dispatch",
+        "1",
+        at=t + 0.002,
+        r="t0000_g1",
+        a=2,
+        epoch=1,
+        replica=0,
+        continue_from=None,
+    )
     b.add("agent/0", "run", at=t + 0.003, r="t0000_g1", a=2, epoch=1, outcome="accepted")
     verdict = check(b.history())
     assert verdict.ok, verdict.report()
@@ -368,12 +407,23 @@ def test_a_history_without_work_fails_progress() -> None:
 def test_a_chaos_run_needs_faults_and_work_after_each() -> None:
     assert "a chaos run injected no fault" in messages(check(clean().history(chaos=True)), "progress")
     b = clean()
-    b.add("nemesis/0", "fault", fault="kill_actor", target="tq/0", step="between snapshots")
+    b.add("nemesis/0", "fault", fault="kill_actor", target="tq/0", step="between snapshots", detail="")
     verdict = check(b.history(chaos=True))
     assert failed_checks(verdict) == ["progress"]
     assert "nothing was done after the fault kill_actor on tq/0" in messages(verdict, "progress")
     b = clean()
-    fault = Record(b.records[20].t + 0.0001, 1, "fault", "nemesis/0", 9, "9", {"fault": "kill_actor"})
+    fault = record_from_fields(
+        "fault",
+        t=b.records[20].t + 0.0001,
+        n=1,
+        actor="nemesis/0",
+        pid=9,
+        inc="9",
+        fault="kill_actor",
+        target="tq/0",
+        step="between snapshots",
+        detail="",
+    )
     b.records.insert(21, fault)
     assert check(b.history(chaos=True)).ok
 
@@ -397,20 +447,30 @@ def test_the_report_shows_the_shortest_slice_of_the_offending_rollout() -> None:
 # -- the files ---------------------------------------------------------------------------------
 def test_history_is_off_unless_asked_for(tmp_path: Path) -> None:
     off = History.from_env("run1", "tq/0", {"PARKWAY_STATE_DIR": str(tmp_path)})
-    off.record("staged", ck="x", i=0)
+    off.record(RowStaged(capture_key="x", turn=0))
     assert not off.enabled and not (tmp_path / "history").exists()
     on = History.from_env("run1", "tq/0", {"PARKWAY_STATE_DIR": str(tmp_path), HISTORY_ENV: "1"})
-    on.record("staged", ck="x", i=0)
-    on.record("sealed", r="x", a=0, kind="a field named like the kind")
+    on.record(RowStaged(capture_key="x", turn=0))
+    # The controller's transitional form (kind and file-named fields) builds the same typed record...
+    on.record("sealed", r="x", a=0, ck="x", turns=[0], replaced=None)
+    # ... and refuses a field its kind does not have, even one named like the kind argument.
+    with pytest.raises(HistoryFormatError, match="a sealed record has no field kind"):
+        on.record("sealed", r="x", a=0, kind="a field named like the kind")
     on.close()
     [path] = (tmp_path / "history" / "run1").glob("tq-0-*.jsonl")
     first, second = read_file(path)
     assert (first.kind, first.n, first.actor, first.fields) == ("staged", 1, "tq/0", {"ck": "x", "i": 0})
-    assert second.fields["kind"] == "a field named like the kind"
+    assert isinstance(second, RowSealed) and (second.rollout_id, second.turns, second.replaced) == (
+        "x",
+        (0,),
+        None,
+    )
 
 
 def test_a_line_cut_by_a_kill_is_skipped_and_any_other_bad_line_is_named(tmp_path: Path) -> None:
-    good = json.dumps({"t": 1.0, "n": 1, "k": "staged", "actor": "tq/0", "pid": 5, "inc": "5", "ck": "x"})
+    good = json.dumps(
+        {"t": 1.0, "n": 1, "k": "staged", "actor": "tq/0", "pid": 5, "inc": "5", "ck": "x", "i": 0}
+    )
     (tmp_path / "a.jsonl").write_text(good + "\n" + good[:20])
     assert [r.kind for r in read_history(tmp_path)] == ["staged"]
     (tmp_path / "a.jsonl").write_text(good[:20] + "\n" + good + "\n")

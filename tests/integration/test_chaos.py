@@ -22,6 +22,7 @@ from parkway.actors.chaos.nemesis import Options, run_chaos
 from parkway.actors.chaos.schedule import ActorPoint, FaultKind, TimedFault, WorkloadPlan, quick_matrix
 from parkway.actors.launch.rabbit_node import rabbitmq_bin
 from parkway.actors.runtime.history import read_history
+from parkway.protocol.history import Receipt, ReplicaRestarted
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -85,8 +86,8 @@ async def test_a_resources_server_killed_alone_loses_no_mutation(amqp_url: str, 
     workload = await one_fault(tmp_path, amqp_url, plan)
     assert workload.summary is not None and workload.summary["attempts_failed"] >= 1
     assert workload.summary["mean_reward"] == 1.0
-    refused = [r for r in history_of(tmp_path, workload.run) if r.kind == "receipt" and r.get("code")]
-    assert refused and all(r.get("code") == "stale_attempt" for r in refused)
+    refused = [r for r in history_of(tmp_path, workload.run) if isinstance(r, Receipt) and r.code]
+    assert refused and all(r.code == "stale_attempt" for r in refused)
 
 
 async def test_an_agent_killed_alone_has_its_attempts_fenced_everywhere(
@@ -97,8 +98,8 @@ async def test_an_agent_killed_alone_has_its_attempts_fenced_everywhere(
     plan = WorkloadPlan(0, 42, timed=[TimedFault(FaultKind.KILL_ACTOR, "agent/1", at_s=3.0)])
     workload = await one_fault(tmp_path, amqp_url, plan)
     records = history_of(tmp_path, workload.run)
-    [restarted] = [r for r in records if r.kind == "replica_restarted"]
-    assert restarted.get("lost"), "the agent died with rollouts running, or this case proves nothing"
+    [restarted] = [r for r in records if isinstance(r, ReplicaRestarted)]
+    assert restarted.lost, "the agent died with rollouts running, or this case proves nothing"
     fenced = {r.actor for r in records if r.kind == "fence" and r.t > restarted.t}
     assert {"policy/0", "resources/0", "resources/1", "tq/0"} <= fenced
 
