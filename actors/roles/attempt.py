@@ -1,0 +1,368 @@
+"""One rollout attempt on an agent: its program's loop, its model and tool calls, its boundaries.
+
+The agent (``agent.py``) starts an ``Attempt`` per ``Run`` and keeps what outlives it (receipts until
+they are acknowledged, continuations restored from a snapshot). The attempt runs the task's
+``AgentProgram`` through a ``RolloutContext`` and ends in a receipt, ``Completed`` or ``Failed``.
+
+Where it stands is what a checkpoint needs: an attempt is parked when it waits at a boundary (before a
+model call, after a tool round) or for a model reply issued right after one; while the agent's
+``released`` event is clear it stays there. Its transcript up to the last boundary is what a snapshot
+saves; an attempt continuing a saved one answers its first calls from that transcript (``replay``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from typing import Protocol, TypeVar
+
+import structlog
+from msgspec import UNSET, UnsetType
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.history import History
+from parkway.actors.sdk import chat
+from parkway.actors.sdk.environments import ENVIRONMENTS
+from parkway.actors.sdk.programs import PROGRAMS
+from parkway.actors.sdk.rollout import RolloutContext, RolloutFailure, ToolOutcome
+from parkway.brokers.base import BrokerError, RequestTimeout
+from parkway.protocol.errors import ProtocolError
+from parkway.protocol.history import (
+    CallRecord,
+    ModelCallReplayed,
+    ModelCallSent,
+    ModelReplyReceived,
+    RolloutStopped,
+    RunReceived,
+    ToolCallReplayed,
+    ToolCallSent,
+    ToolResultReceived,
+)
+from parkway.protocol.ids import capture_key, staging_key
+from parkway.protocol.messages import (
+    Completed,
+    Error,
+    Failed,
+    Generate,
+    Generated,
+    Message,
+    Run,
+    ToolCall,
+    ToolResult,
+)
+from parkway.protocol.transcript import ModelStep, SavedRollout, ToolStep, prompt_digest
+
+log = structlog.get_logger("parkway.agent")
+
+CALL_TIMEOUT_S = 600.0  # a model or tool call that takes longer is a failure of the attempt
+# Pauses before a call is sent again after a broker error (its reply was lost with the connection).
+TRANSPORT_RETRIES_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
+PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL})
+
+
+class AttemptHost(Protocol):
+    """What an attempt needs of the agent that runs it."""
+
+    replica: int
+    policy_address: str
+    client: Client
+    counts: Counter[str]
+    history: History
+    released: asyncio.Event  # set while no checkpoint holds the rollouts
+
+    def state_changed(self) -> None:
+        """An attempt moved (parked, or left its boundary): a Prepare waiting for them looks again."""
+
+
+CallKind = TypeVar("CallKind", bound=CallRecord)
+
+
+def _about_call(kind: type[CallKind], run: Run, index: int) -> CallKind:
+    """A history record of model call ``index`` of ``run``'s attempt."""
+    return kind(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index)
+
+
+def received(run: Run, outcome: str, continue_from: int | UnsetType | None = UNSET) -> RunReceived:
+    """The history record of a Run received: accepted (with the turns it continues from), or not."""
+    return RunReceived(
+        rollout_id=run.rollout_id,
+        attempt=run.attempt,
+        epoch=run.epoch,
+        outcome=outcome,
+        continue_from=continue_from,
+    )
+
+
+class Attempt:
+    """One attempt in progress: where it is, and its transcript (all of it, and up to its boundary)."""
+
+    def __init__(self, host: AttemptHost, run: Run, replay: SavedRollout | None = None) -> None:
+        self.host = host
+        self.run = run
+        self.replay = replay  # the saved transcript this attempt continues, if it continues one
+        self.capture_key = capture_key(run.rollout_id, run.attempt)
+        self.resources = f"resources/{run.task.get('resources', host.replica)}"
+        self.state = RUNNING
+        self.model: list[ModelStep] = []
+        self.tools: list[ToolStep] = []
+        self.mark = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
+        # The turn in progress, (index, replayed, perf_counter at its start): logged for ``parkway report``.
+        self.turn: tuple[int, bool, float] | None = None
+
+    def saved(self) -> SavedRollout:
+        models, tools, boundaries = self.mark
+        return SavedRollout(
+            run=self.run,
+            model=tuple(self.model[:models]),
+            tools=tuple(self.tools[:tools]),
+            boundaries=boundaries,
+        )
+
+    async def run_to_receipt(self) -> Completed | Failed:
+        """Run the program to its end. Cancelled (retired, or the agent stopping): the tool session is
+        released and the cancellation goes on; every other ending is a receipt."""
+        run, host = self.run, self.host
+        env = ENVIRONMENTS.get(run.env)  # the resources' tool catalogue
+        program_cls = PROGRAMS.get(str(run.task.get("agent", "tool")))
+        ctx = RolloutContext(
+            run=run,
+            tools=env.tools if env is not None else (),
+            _generate=self._generate,
+            _call_tool=self._call_tool,
+            _boundary=self._at_boundary,
+        )
+        kept = len(self.replay.model) if self.replay is not None else 0
+        log.info("rollout_started", replica=host.replica, continuing=self.replay is not None, kept_turns=kept)
+        try:
+            if env is None:
+                raise RolloutFailure("unknown_env", f"no environment {run.env!r}")
+            if program_cls is None:
+                raise RolloutFailure("unknown_agent", f"no agent program {run.task.get('agent')!r}")
+            if "continue_from" in run.task and self.replay is None:
+                raise RolloutFailure("no_continuation", "this replica restored no transcript for it")
+            reward = await program_cls().run(ctx)
+        except asyncio.CancelledError:
+            host.counts["rollouts_retired"] += 1
+            host.history.record(
+                RolloutStopped(rollout_id=run.rollout_id, attempt=run.attempt, turns=ctx.turns)
+            )
+            log.info("rollout_stopped", turns=ctx.turns)  # a turn in progress stays unfinished
+            await self._release_session(ctx.tool_calls)
+            raise
+        except RolloutFailure as failure:
+            receipt = self._failed(failure.code, failure.detail, ctx)
+            await self._release_session(ctx.tool_calls)
+            return receipt
+        except Exception as exc:  # a bug in a program is that attempt's failure, not the agent's death
+            log.exception("program_failed")
+            receipt = self._failed("agent_error", f"{type(exc).__name__}: {exc}", ctx)
+            await self._release_session(ctx.tool_calls)
+            return receipt
+        host.counts["rollouts_completed"] += 1
+        self._end_turn()
+        log.info("rollout_completed", turns=ctx.turns, reward=reward)
+        return Completed(
+            rollout_id=run.rollout_id,
+            attempt=run.attempt,
+            capture_key=self.capture_key,
+            reward=reward,
+            turns=ctx.turns,
+            staging_keys=tuple(step.staging_key for step in self.model),
+        )
+
+    def _failed(self, code: str, detail: str, ctx: RolloutContext) -> Failed:
+        self.host.counts["rollouts_failed"] += 1
+        log.info("rollout_failed", code=code, detail=detail, turns=ctx.turns)
+        return Failed(
+            rollout_id=self.run.rollout_id,
+            attempt=self.run.attempt,
+            code=code,
+            detail=detail,
+            turns=ctx.turns,
+        )
+
+    def _start_turn(self, index: int, replayed: bool) -> None:
+        """A turn starts with its model call (the report draws it from here to the next boundary)."""
+        self.turn = (index, replayed, time.perf_counter())
+        log.info("turn_started", turn=index, replayed=replayed)
+
+    def _end_turn(self) -> None:
+        if self.turn is None:
+            return
+        index, replayed, started = self.turn
+        self.turn = None
+        log.info(
+            "turn_finished",
+            turn=index,
+            replayed=replayed,
+            ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self.host.state_changed()
+
+    async def _at_boundary(self) -> None:
+        self.host.counts["boundaries"] += 1
+        self._end_turn()
+        self.mark = (len(self.model), len(self.tools), self.mark[2] + 1)
+        hold = self.run.task.get("hold_at_turn")
+        if hold == len(self.model) and self.run.attempt == 0:
+            # A demo's hold (``parkway demo``): stay parked here until the cluster goes away.
+            self.host.counts["held_at_boundary"] += 1
+            self._set_state(AT_BOUNDARY)
+            await asyncio.Event().wait()
+        if not self.host.released.is_set():
+            self._set_state(AT_BOUNDARY)
+            await self.host.released.wait()
+        self._set_state(RUNNING)
+
+    async def _generate(self, index: int, tokens: tuple[int, ...]) -> Generated:
+        run, ck = self.run, self.capture_key
+        digest = prompt_digest(tokens)
+        if self.replay is not None and index < len(self.replay.model):
+            step = self.replay.model[index]
+            if step.prompt_sha256 != digest:
+                raise RolloutFailure(
+                    "replay_diverged", f"model call {index} has another prompt than the saved one"
+                )
+            self._start_turn(index, replayed=True)
+            self.model.append(step)
+            self.host.counts["model_calls_replayed"] += 1
+            self.host.history.record(_about_call(ModelCallReplayed, run, index))
+            return Generated(
+                rollout_id=run.rollout_id,
+                attempt=run.attempt,
+                call_index=index,
+                token_ids=step.token_ids,
+                logprobs=step.logprobs,
+                finish_reason=step.finish_reason,
+            )
+        request = Generate(
+            rollout_id=run.rollout_id,
+            attempt=run.attempt,
+            call_index=index,
+            token_ids=tokens,
+            seed=run.seed,
+            max_tokens=int(run.task.get("max_tokens", 160)),  # type: ignore[arg-type]
+            stop_token_ids=chat.tokenizer_for(run.task.get("tokenizer")).stop_token_ids,  # type: ignore[arg-type]
+            policy_version=run.policy_version,
+        )
+        self._start_turn(index, replayed=False)
+        self._set_state(AWAITING_MODEL)  # parked at the boundary just passed
+        self.host.history.record(_about_call(ModelCallSent, run, index))
+        # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at its
+        # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation
+        # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
+        try:
+            reply = await self._request(self.host.policy_address, request, staging_key(ck, index))
+        except RolloutFailure:
+            await self.host.released.wait()
+            raise
+        await self.host.released.wait()
+        if not isinstance(reply, Generated):
+            raise RolloutFailure("policy_error", f"unexpected reply {type(reply).__name__}")
+        self.host.history.record(_about_call(ModelReplyReceived, run, index))
+        self.model.append(
+            ModelStep(
+                prompt_sha256=digest,
+                token_ids=reply.token_ids,
+                logprobs=reply.logprobs,
+                finish_reason=reply.finish_reason,
+                staging_key=staging_key(ck, index),
+            )
+        )
+        self._set_state(RUNNING)
+        return reply
+
+    async def _call_tool(self, index: int, tool: str, arguments: dict[str, object]) -> ToolOutcome:
+        run, ck, resources = self.run, self.capture_key, self.resources
+        if self.replay is not None and index < len(self.replay.tools):
+            step = self.replay.tools[index]
+            if (step.tool, step.arguments) != (tool, arguments):
+                raise RolloutFailure("replay_diverged", f"tool call {index} differs from the saved one")
+            self.tools.append(step)
+            self.host.counts["tool_calls_replayed"] += 1
+            self.host.history.record(
+                ToolCallReplayed(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index, tool=tool)
+            )
+            return ToolOutcome(step.ok, dict(step.output))
+        call = ToolCall(
+            rollout_id=run.rollout_id,
+            attempt=run.attempt,
+            call_index=index,
+            env=run.env,
+            tool=tool,
+            arguments=arguments,
+            seed=run.seed,
+        )
+        self._set_state(IN_TOOL)
+        self.host.history.record(
+            ToolCallSent(
+                rollout_id=run.rollout_id,
+                attempt=run.attempt,
+                call_index=index,
+                tool=tool,
+                resources=resources,
+            )
+        )
+        try:
+            reply = await self._request(resources, call, f"{ck}:t{index}")
+        finally:
+            self._set_state(RUNNING)
+        if not isinstance(reply, ToolResult):
+            raise RolloutFailure("resources_error", f"unexpected reply {type(reply).__name__}")
+        self.host.history.record(
+            ToolResultReceived(
+                rollout_id=run.rollout_id,
+                attempt=run.attempt,
+                call_index=index,
+                ok=reply.ok,
+                revision=reply.revision,
+            )
+        )
+        self.tools.append(ToolStep(tool=tool, arguments=arguments, ok=reply.ok, output=dict(reply.output)))
+        return ToolOutcome(reply.ok, dict(reply.output))
+
+    async def _request(self, address: str, message: Message, correlation_id: str) -> Message:
+        """One model or tool call. A transport failure (the broker connection lost, the reply with it)
+        sends the same call again: each is idempotent by its key (a model call's request id gives the
+        same tokens, a tool call's (attempt, index) is applied once), so the rollout keeps its turns."""
+        for pause in (*TRANSPORT_RETRIES_S, None):
+            try:
+                reply = await self.host.client.request(
+                    address, message, correlation_id=correlation_id, deadline=time.time() + CALL_TIMEOUT_S
+                )
+                break
+            except RequestTimeout as exc:
+                raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+            except (BrokerError, OSError) as exc:
+                if pause is None:
+                    raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+                self.host.counts["calls_resent"] += 1
+                log.warning("call_resent", to=address, correlation_id=correlation_id, error=str(exc))
+                await asyncio.sleep(pause)
+            except ProtocolError as exc:
+                raise RolloutFailure("call_failed", f"{address}: {exc}") from exc
+        if isinstance(reply, Error):
+            raise RolloutFailure(reply.code.value, f"{address}: {reply.detail}")
+        return reply
+
+    async def _release_session(self, index: int) -> None:
+        """A rollout that ends without verify still retires its tool session (no leaked sessions)."""
+        run = self.run
+        call = ToolCall(
+            rollout_id=run.rollout_id,
+            attempt=run.attempt,
+            call_index=index,
+            env=run.env,
+            tool="release",
+            seed=run.seed,
+        )
+        with contextlib.suppress(Exception):
+            await self.host.client.request(
+                self.resources, call, correlation_id=f"{self.capture_key}:release", deadline=time.time() + 10
+            )
