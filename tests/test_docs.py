@@ -3,7 +3,7 @@
 What a reader with a fresh checkout has, as closely as this machine allows: a fresh virtual environment
 (with the system's site-packages, so the heavy dependencies such as Ray are not installed again), a
 copy of the repository, and the README's own set-up block run in it as written. Each page's blocks then
-run in order in a copy of the repository of its own (files a block writes are there for the next one),
+run in order in a copy of the repository of its own (each block stands alone: it makes the files it reads),
 each in a fresh ``bash`` with ``set -eo pipefail``, the venv first on PATH, PYTHONPATH unset and no
 ``PARKWAY_*`` variable from the outside. Whatever a block leaves running is stopped after it.
 
@@ -312,6 +312,7 @@ def test_block_runs_as_written(block: Block, venv: Path, checkouts: Checkouts, r
 # -- Python examples, links, the site ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "block", [pytest.param(b, id=b.id) for page in PAGES for b in read_blocks(page) if b.lang == "python"]
 )
