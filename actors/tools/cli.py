@@ -29,6 +29,7 @@ from parkway.actors.tools.commands import control, dead_letters, logs, model, se
 from parkway.actors.tools.commands.options import Subcommands
 from parkway.actors.tools.snapshots import register as add_snapshots
 from parkway.brokers import BrokerError
+from parkway.protocol.errors import ProtocolError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerError as exc:
         print(f"parkway: broker: {exc}", file=sys.stderr)
         return 3
+    except ProtocolError as exc:  # e.g. a reply whose signature does not verify: the wrong secret
+        print(f"parkway: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
