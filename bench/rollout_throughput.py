@@ -204,7 +204,7 @@ def plot(rows: list[dict[str, Any]], result: dict[str, Any], path: _Path, title:
         ax.plot([x - 0.2] * len(r["tokens_ratio_by_round"]), r["tokens_ratio_by_round"], "k.", alpha=0.6)
     ax.plot([], [], "k.", label="tokens/s, one round's window")
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.axhline(0.99, color="red", lw=0.8, ls="--", label="1% lost (SPEC target at 120 s)")
+    ax.axhline(0.99, color="red", lw=0.8, ls="--", label="1% lost (the target at 120 s)")
     low = min([0.97] + [min(r["tokens_ratio_by_round"]) for r in rows] + [r["rollouts_ratio"] for r in rows])
     high = max([1.01] + [max(r["tokens_ratio_by_round"]) for r in rows] + [r["rollouts_ratio"] for r in rows])
     ax.set_ylim(low - 0.015, high + 0.015)

@@ -8,7 +8,7 @@ Each point starts a cluster with ``--in-flight`` rollouts running (the default e
 it run ``--warmup`` seconds, takes ``--snapshots`` snapshots ``--every`` seconds apart, and stops it.
 Per snapshot the controller records the window, every step, the rollouts it saved, the bytes it wrote
 and how long agents waited for their rollouts to reach a boundary: prepare waits for tool calls in
-flight (SPEC section 5, mode ``wait``), so that part of the pause is the tools' own time, not the
+flight (docs/protocol.md#boundaries: tools are waited for), so that part of the pause is the tools' own time, not the
 framework's. The table shows both: the pause, and the pause without that wait.
 
 Modes: ``embedded`` (one process, in-memory broker) and ``rabbitmq`` (every actor its own process on

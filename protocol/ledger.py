@@ -1,4 +1,4 @@
-"""The recovery ledger (SPEC section 4): every prompt group, sibling and attempt the controller owns.
+"""The recovery ledger (docs/protocol.md#the-ledger): every prompt group, sibling and attempt the controller owns.
 
 Metadata only, no I/O. Every state change goes through one of two transition tables; anything else
 raises ``LedgerError`` (an invariant violation, never a wire error). Stale or duplicate reports from

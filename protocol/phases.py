@@ -1,4 +1,4 @@
-"""The participant phase machine (SPEC section 5), as one transition table with no I/O.
+"""The participant phase machine (docs/protocol.md#participant-phases-and-leases), as one transition table with no I/O.
 
     idle -> preparing -> prepared -> committed -> idle      (prepare, parked, commit, resume)
     idle -> restored -> idle                                 (restore, resume)

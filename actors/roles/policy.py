@@ -3,9 +3,9 @@
 Each ``Generate`` is one model call, request id ``<capture key>:<call index>``. Its tokens go to TQ as
 one staging row *before* the reply goes back, so a lost reply never loses the capture.
 
-At a checkpoint (SPEC: "Policy prepare closes admission (new calls wait in the queue), lets accepted
-calls keep generating, and holds their replies until resume; it never waits for a generation to
-finish"):
+At a checkpoint the policy closes admission (new calls wait in the queue), lets accepted calls keep
+generating and holds their replies until resume; it never waits for a generation to finish
+(docs/protocol.md#boundaries):
 
 - ``close_admission`` closes the gate: calls that have not started generating wait for it to reopen;
 - calls already generating go on; one that finishes while the gate is closed publishes its staging

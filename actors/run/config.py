@@ -1,4 +1,4 @@
-"""One typed configuration for a run (SPEC section 9): YAML file plus environment overrides.
+"""One typed configuration for a run (docs/configuration.md): YAML file plus environment overrides.
 
 Unknown keys are refused with their dotted path; cross-field rules are checked before anything starts.
 Keys mirror NeMo RL's where they exist (``snapshot_interval_s``, ``prepare_timeout_s``,

@@ -1,4 +1,4 @@
-"""The NeMo review findings that must be impossible here, one test each (the reference's section 7).
+"""The NeMo review findings that must be impossible here, one test each (docs/chaos.md and docs/protocol.md#invariants say what each guards).
 
 Findings covered elsewhere: a row waiting behind the closed gate is not running
 (``tests/protocol/test_ledger.py``), one failed row does not end its group's stream
