@@ -1,4 +1,5 @@
-"""The NeMo review findings that must be impossible here, one test each (docs/chaos.md and docs/protocol.md#invariants say what each guards).
+"""The bugs found in review of the design we follow (NeMo RL/Gym turn recovery) that must be impossible
+here, one test each; docs/protocol.md#invariants states the rules they break.
 
 Findings covered elsewhere: a row waiting behind the closed gate is not running
 (``tests/protocol/test_ledger.py``), one failed row does not end its group's stream
