@@ -18,7 +18,7 @@ from parkway.actors.runtime.participant import ParkReport
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.snapshot import episode_mismatch
 
-from tests.actors.helpers import embedded_run
+from tests.support.embedded import embedded_run
 
 BASE = {
     "run": "findings",

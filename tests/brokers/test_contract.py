@@ -8,7 +8,7 @@ import time
 import pytest
 from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope, RequestTimeout, Unroutable
 
-from tests.waiting import until
+from tests.support.waiting import until
 
 
 def env(body: bytes, correlation_id: str = "c-1") -> Envelope:

@@ -22,12 +22,12 @@ import pytest
 from parkway.brokers.base import REQUEST_ID_HEADER, BrokerError, Delivery, Envelope, RequestTimeout
 from parkway.brokers.rabbitmq import RabbitBroker
 
-from tests.conftest import delete_run
-from tests.integration.test_metrics_process import connection_pid
-from tests.waiting import until
+from tests.support.rabbit import connection_pid, delete_run
+from tests.support.waiting import until
 
 pytestmark = [
     pytest.mark.rabbitmq,
+    pytest.mark.slow,  # rabbitmqctl, a separate process, closes the connection
     pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl of the local RabbitMQ"),
 ]
 

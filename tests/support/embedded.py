@@ -1,41 +1,22 @@
-"""Small helpers for actor tests on the in-memory broker."""
+"""Whole runs embedded on the in-memory broker: one workload on a fresh cluster (a fresh "machine" each
+call), the crashed run whose snapshots several tests read, and the digest an uncrashed run reaches."""
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
+from typing import Any
 
-from parkway.actors.runtime.client import Client
-from parkway.brokers.base import Envelope
-from parkway.protocol import codec
-from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
-
-SECRET = b"unit-test-secret"
-
-
-def signed_raw(
-    run: str,
-    body: bytes,
-    *,
-    correlation_id: str,
-    content_type: str = codec.JSON,
-    sender: str = "test/0",
-    secret: bytes = SECRET,
-) -> Envelope:
-    """An envelope around arbitrary bytes, correctly signed: what a buggy but authorised client sends."""
-    signature = sign(
-        secret, run=run, sender=sender, correlation_id=correlation_id, content_type=content_type, body=body
-    )
-    return Envelope(body, content_type, correlation_id, {SENDER_HEADER: sender, SIGNATURE_HEADER: signature})
-
-
-async def raw_request(client: Client, address: str, envelope: Envelope, timeout: float = 5.0):
-    reply = await client.broker.request(address, envelope, deadline=time.time() + timeout)
-    return client.open(reply)
+from tests.support.signed import SECRET
 
 
 async def embedded_run(
-    data: dict, state, *, snapshots: bool = True, stop_after: int | None = None, trainer=None
-):
+    data: dict[str, Any],
+    state: Path,
+    *,
+    snapshots: bool = True,
+    stop_after: int | None = None,
+    trainer: Any = None,
+) -> Any:
     """One workload of configuration ``data`` on a fresh in-memory cluster (a fresh "machine" each call)."""
     from parkway.actors.launch.workload import run_workload
     from parkway.actors.run.config import from_dict
@@ -57,7 +38,7 @@ async def embedded_run(
         )
 
 
-SNAPSHOT_RUN = {
+SNAPSHOT_RUN: dict[str, Any] = {
     "run": "snaps",
     "seed": 3,
     "policy": {"host": "inline", "per_token_delay_s": 0.0003},
@@ -67,7 +48,7 @@ SNAPSHOT_RUN = {
 }
 
 
-async def crashed_run(state, published: int = 2):
+async def crashed_run(state: Path, published: int = 2) -> Path:
     """The run directory of ``SNAPSHOT_RUN`` stopped dead right after its ``published``-th snapshot:
     real snapshots on disk, no COMPLETED marker."""
     from parkway.actors.roles.controller.controller import SimulatedCrash
@@ -77,3 +58,24 @@ async def crashed_run(state, published: int = 2):
     except SimulatedCrash:
         return state / "snapshots" / SNAPSHOT_RUN["run"]
     raise AssertionError("the run finished before its snapshots were published")
+
+
+async def embedded_digest(config_path: Path, state: Path) -> str:
+    """The transcripts digest of the same configuration run embedded, uncrashed, without snapshots."""
+    from parkway.actors.launch.workload import run_workload
+    from parkway.actors.run.config import load
+    from parkway.actors.run.tasks import load_tasks
+    from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+    config = load(config_path, environ={})
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        summary = await run_workload(
+            broker,
+            b"embedded",
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=state,
+            snapshots=False,
+        )
+    return summary.transcripts_sha256

@@ -1,125 +1,67 @@
-"""Actors as separate OS processes on the real RabbitMQ: start, wait until they answer, signal, restart."""
+"""Actors as separate OS processes on the real RabbitMQ, for tests: started through the one launcher
+(``parkway.actors.launch.processes``) with the test run's environment, each logging to a file of its own
+under the test's state directory."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from parkway.actors.launch import processes
+from parkway.actors.launch.processes import Process, status_of, wait_ready
 from parkway.actors.runtime.client import Client
-from parkway.brokers.base import BrokerError, RequestTimeout
-from parkway.protocol.messages import Status, StatusReport
+
+__all__ = [
+    "SECRET",
+    "Process",
+    "actor_env",
+    "run_driver",
+    "run_variables",
+    "start_actor_process",
+    "start_driver",
+    "status_of",
+    "wait_handling",
+    "wait_ready",
+]
 
 SECRET = "integration-secret-9f2c"
 
 
+def run_variables(run: str, state_root: Path, **extra: str) -> dict[str, str]:
+    """The ``PARKWAY_*`` variables of the test run (what an operator's shell has for ``parkway``): the
+    run, the tests' secret, the state directory, and ``extra``."""
+    return processes.run_variables(run=run, secret=SECRET, state=state_root, **extra)
+
+
 def actor_env(run: str, state_root: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-    env.update(PARKWAY_RUN=run, PARKWAY_SECRET=SECRET, PARKWAY_STATE_DIR=str(state_root), **extra)
-    return env
+    """The whole environment of the test run's processes: no inherited ``PARKWAY_*``, then
+    ``run_variables``."""
+    return processes.run_environment(run=run, secret=SECRET, state=state_root, **extra)
 
 
-@dataclass
-class ActorProcess:
-    role: str
-    replica: int
-    url: str
-    run: str
-    state_root: Path
-    extra_env: dict[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-
-    @property
-    def address(self) -> str:
-        return f"{self.role}/{self.replica}"
-
-    def start(self) -> ActorProcess:
-        self.log_path = self.state_root / f"{self.role}-{self.replica}-{time.monotonic_ns()}.log"
-        self.state_root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "parkway.actors",
-                "actor",
-                self.role,
-                "--replica",
-                str(self.replica),
-                "--broker",
-                self.url,
-                *self.extra_args,
-            ],
-            env=actor_env(self.run, self.state_root, **self.extra_env),
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.log_path, "wb"),  # noqa: SIM115 - the child owns it
-        )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def signal(self, sig: signal.Signals) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout: float = 20.0) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
-
-    def stop(self) -> None:
-        """Teardown: SIGTERM first (a policy shuts its Ray down), SIGKILL if it does not go in time."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text() if self.log_path else ""
-
-
-async def wait_ready(client: Client, actor: ActorProcess, timeout: float = 30.0) -> StatusReport:
-    """Poll Status until this very process answers (its queue may exist from an earlier process)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert actor.proc is not None and actor.proc.poll() is None, (
-            f"{actor.address} exited:\n{actor.log_text()}"
-        )
-        try:
-            reply = await client.request(
-                actor.address,
-                Status(checkpoint_id=f"ready-{time.monotonic_ns()}", deadline=time.time() + 1.0),
-            )
-            if isinstance(reply, StatusReport) and reply.pid == actor.pid:
-                return reply
-        except (RequestTimeout, BrokerError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{actor.address} did not answer within {timeout}s:\n{actor.log_text()}")
-        await asyncio.sleep(0.1)
-
-
-async def status_of(client: Client, address: str) -> StatusReport:
-    reply = await client.request(
-        address, Status(checkpoint_id=f"st-{time.monotonic_ns()}", deadline=time.time() + 5)
+def start_actor_process(
+    role: str,
+    replica: int,
+    url: str,
+    run: str,
+    state_root: Path,
+    *,
+    args: tuple[str, ...] = (),
+    **env: str,
+) -> Process:
+    """``parkway actor ROLE --replica N --broker URL ARGS``, its stderr in a fresh file under
+    ``state_root`` (a restarted replica gets a new one)."""
+    state_root.mkdir(parents=True, exist_ok=True)
+    return processes.start_actor(
+        role,
+        replica,
+        env=actor_env(run, state_root, **env),
+        stderr=state_root / f"{role}-{replica}-{time.monotonic_ns()}.log",
+        broker_url=url,
+        args=args,
     )
-    assert isinstance(reply, StatusReport), reply
-    return reply
 
 
 async def wait_handling(client: Client, address: str, timeout: float = 20.0) -> None:
@@ -129,46 +71,21 @@ async def wait_handling(client: Client, address: str, timeout: float = 20.0) -> 
             await asyncio.sleep(0.02)
 
 
-async def embedded_digest(config_path: Path, state: Path) -> str:
-    """The transcripts digest of the same configuration run embedded, uncrashed, without snapshots."""
-    from parkway.actors.launch.workload import run_workload
-    from parkway.actors.run.config import load
-    from parkway.actors.run.tasks import load_tasks
-    from parkway.brokers.memory import MemoryBroker, MemoryHub
-
-    config = load(config_path, environ={})
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        summary = await run_workload(
-            broker,
-            b"embedded",
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=state,
-            snapshots=False,
-        )
-    return summary.transcripts_sha256
+def start_driver(
+    config_path: Path, run_name: str, state: Path, url: str, faults: str = ""
+) -> subprocess.Popen[str]:
+    """``parkway run --json`` driving the actors of ``run_name``; its stdout and stderr are pipes."""
+    env = actor_env(run_name, state, PARKWAY_BROKER_URL=url)
+    if faults:
+        env["PARKWAY_FAULTS"] = faults
+    driver = processes.start_run(
+        config_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return driver.popen
 
 
 async def run_driver(config: Path, run: str, state: Path, url: str, faults: str = "") -> tuple[int, str, str]:
     """`parkway run --json` driving the actors of ``run`` to its end (or its fault): exit code, stdout, stderr."""
-    env = actor_env(run, state, PARKWAY_BROKER_URL=url, **({"PARKWAY_FAULTS": faults} if faults else {}))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "parkway.actors",
-            "run",
-            "--config",
-            str(config),
-            "--json",
-            "--log-level",
-            "info",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    out, err = await asyncio.to_thread(proc.communicate, timeout=240)
-    return proc.returncode, out, err
+    driver = start_driver(config, run, state, url, faults)
+    out, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    return driver.returncode, out, err

@@ -24,7 +24,7 @@ from parkway.actors.runtime.history import (
     read_history,
 )
 
-from tests.actors.helpers import embedded_run
+from tests.support.embedded import embedded_run
 
 ROLLOUTS = ("t0000_g0", "t0000_g1")
 

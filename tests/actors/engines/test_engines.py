@@ -19,7 +19,7 @@ from parkway.actors.engines.deterministic import DeterministicEngine, request_rn
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec, build_engine, remote_engine_actor
 from parkway.actors.sdk import chat
 
-from tests.waiting import until
+from tests.support.waiting import until
 
 COUNTER = [chat.ToolSpec("increment", (("by", "int"),)), chat.ToolSpec("get", (), mutates=False)]
 ACCOUNTS = "choice:alice|bob|carol"
@@ -79,6 +79,7 @@ async def test_same_request_same_tokens_and_logprobs() -> None:
     assert engine.in_flight() == 0
 
 
+@pytest.mark.slow  # a second Python process
 def test_the_rng_is_the_same_in_another_process() -> None:
     prompt = tuple(chat.encode(chat.render(conversation(BANK, 3))))
     here = [request_rng(11, prompt).random() for _ in range(3)]
@@ -187,6 +188,7 @@ async def test_inline_pool() -> None:
         EnginePool(host="nowhere")
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_importing_the_hosts_needs_no_ray() -> None:
     code = (
         "import sys; import parkway.actors.engines.ray_host, parkway.actors.roles.policy; "
@@ -208,6 +210,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow  # Ray's worker processes
 async def test_two_engine_actors_in_separate_processes_agree(ray_cluster) -> None:
     actors = [remote_engine_actor().options(num_cpus=0).remote(EngineSpec()) for _ in range(2)]
     try:
@@ -221,6 +224,7 @@ async def test_two_engine_actors_in_separate_processes_agree(ray_cluster) -> Non
             ray_cluster.kill(actor)
 
 
+@pytest.mark.slow  # Ray's worker processes
 async def test_ray_pool_round_robin_and_abort(ray_cluster) -> None:
     pool = EnginePool(EngineSpec(kwargs={"per_token_delay_s": 0.01}), host="ray", replicas=2)
     await pool.start()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
+import pytest
+from parkway.actors.launch.processes import clean_environment
+
+pytestmark = pytest.mark.slow  # `parkway demo` in its own process
+
 
 def test_the_demo_throws_away_six_turns_under_sibling_and_none_under_turn(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    env = clean_environment()
     result = subprocess.run(
         [sys.executable, "-m", "parkway.actors", "demo", "--json"],
         env=env,

@@ -11,7 +11,7 @@ from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
-from tests.actors.helpers import SECRET
+from tests.support.signed import SECRET
 
 
 async def run(tmp_path: Path, **overrides: object) -> RunSummary:

@@ -45,7 +45,7 @@ from parkway.protocol.messages import (
     WeightsLoaded,
 )
 
-from tests.actors.helpers import SECRET
+from tests.support.signed import SECRET
 
 RUN = "unit"
 TOOLS = [chat.ToolSpec("increment", (("by", "int"),)), chat.ToolSpec("get", (), mutates=False)]

@@ -33,7 +33,7 @@ from parkway.protocol.messages import (
     ToolResult,
 )
 
-from tests.actors.helpers import SECRET
+from tests.support.signed import SECRET
 
 RUN = "unit"
 ADDRESS = "resources/0"

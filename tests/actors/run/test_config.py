@@ -8,7 +8,7 @@ import pytest
 from parkway.actors.run.config import ConfigError, RunConfig, from_dict, load
 from parkway.actors.run.tasks import TasksConfig, load_tasks
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
 
 
 def test_defaults_mirror_nemo_keys() -> None:

@@ -17,8 +17,8 @@ from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.messages import Error, Message, Probe, ProbeResult, Run, Status, StatusReport
 
-from tests.actors.helpers import SECRET, raw_request, signed_raw
-from tests.waiting import until
+from tests.support.signed import SECRET, raw_request, signed_raw
+from tests.support.waiting import until
 
 RUN = "unit"
 

@@ -41,8 +41,8 @@ from parkway.protocol.messages import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.actors.helpers import SECRET, raw_request, signed_raw
-from tests.waiting import until
+from tests.support.signed import SECRET, raw_request, signed_raw
+from tests.support.waiting import until
 
 RUN = "unit"
 

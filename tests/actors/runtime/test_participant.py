@@ -35,8 +35,8 @@ from parkway.protocol.messages import (
     StatusReport,
 )
 
-from tests.actors.helpers import SECRET
-from tests.waiting import until
+from tests.support.signed import SECRET
+from tests.support.waiting import until
 
 RUN = "unit"
 EPISODES = (EpisodeRef(rollout_id="g_g0", attempt=0, replica=0),)

@@ -21,7 +21,7 @@ from parkway.actors.roles.controller.snapshots import (
 from parkway.actors.run.config import from_dict
 from parkway.actors.storage.inventory import Kind, Problem, check_snapshot, inventory
 
-from tests.actors.helpers import SNAPSHOT_RUN, crashed_run
+from tests.support.embedded import SNAPSHOT_RUN, crashed_run
 
 
 @pytest.fixture(scope="module")

@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
 
+from tests.support.cli import parkway
+from tests.support.paths import ROOT
 
-def parkway(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-    return subprocess.run(
-        [sys.executable, "-m", "parkway.actors", *args],
-        env={**base, **env},
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+pytestmark = pytest.mark.slow  # each runs `parkway run` as a process
 
 
 def test_run_prints_one_json_summary(tmp_path: Path) -> None:

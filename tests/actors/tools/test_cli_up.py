@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -10,11 +9,15 @@ import sys
 import time
 import urllib.request
 
+import pytest
+from parkway.actors.launch.processes import clean_environment
 from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slow  # each runs `parkway up` as a process
 
 
 def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    return clean_environment()
 
 
 def test_up_starts_every_actor_and_each_answers(tmp_path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -20,13 +19,14 @@ from types import SimpleNamespace
 
 import pytest
 import structlog
+from parkway.actors.launch.processes import clean_environment
 from parkway.actors.roles.controller.controller import SimulatedCrash
 from parkway.actors.runtime.logs import configure_logging
 from parkway.actors.sdk.trainer import ExampleTrainer, GroupResult, TrainStep
 from parkway.actors.tools import cli, report
 from parkway.protocol.messages import CanonicalRow
 
-from tests.actors.helpers import embedded_run
+from tests.support.embedded import embedded_run
 
 RUN = "rpt"
 CONFIG = {
@@ -223,8 +223,9 @@ def test_hundreds_of_rollouts_are_capped_and_say_so(crashed_run) -> None:
     assert "5 of 9 rollouts not drawn" in ax.get_title(loc="left")
 
 
+@pytest.mark.slow  # `parkway report` as a process
 def test_the_command_on_a_log_file(crashed_run, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    env = clean_environment()
     args = ["report", RUN, "--logs", str(crashed_run.log), "--out", str(tmp_path)]
     result = subprocess.run(
         [sys.executable, "-m", "parkway.actors", *args, "--json"],

@@ -7,27 +7,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.actors.helpers import SNAPSHOT_RUN, crashed_run
+from tests.support import cli
+from tests.support.embedded import SNAPSHOT_RUN, crashed_run
+
+pytestmark = pytest.mark.slow  # each runs `parkway snapshots` as a process
 
 
 def parkway(*args: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-    return subprocess.run(
-        [sys.executable, "-m", "parkway.actors", "snapshots", *args],
-        env={**base, "PARKWAY_STATE_DIR": str(state), "PARKWAY_RUN": SNAPSHOT_RUN["run"], **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """``parkway snapshots ARGS`` on ``state``, of run ``snaps`` unless ``env`` says otherwise."""
+    variables = {"PARKWAY_STATE_DIR": str(state), "PARKWAY_RUN": SNAPSHOT_RUN["run"], **env}
+    return cli.parkway("snapshots", *args, timeout=60, **variables)
 
 
 @pytest.fixture(scope="module")

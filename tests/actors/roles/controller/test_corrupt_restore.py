@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,11 +19,12 @@ from typing import Any
 import pytest
 import structlog
 import yaml
+from parkway.actors.launch.processes import clean_environment
 from parkway.actors.roles.controller.controller import RunSummary
 from parkway.actors.roles.controller.snapshots import NoValidSnapshot
 from parkway.actors.storage.inventory import inventory
 
-from tests.actors.helpers import SNAPSHOT_RUN, crashed_run, embedded_run
+from tests.support.embedded import SNAPSHOT_RUN, crashed_run, embedded_run
 
 NEWEST = "snapshot_2"
 
@@ -162,13 +162,14 @@ async def test_when_no_snapshot_verifies_a_start_refuses_to_begin_afresh(state: 
     assert fresh.restores == 0 and fresh.rollouts_sealed == 9
 
 
+@pytest.mark.slow  # `parkway run` as a process
 def test_parkway_run_exits_2_naming_what_is_wrong(state: Path) -> None:
     run_dir = state / "snapshots" / SNAPSHOT_RUN["run"]
     for snapshot in run_dir.glob("snapshot_*"):
         truncate(snapshot)
     config = state / "run.yaml"
     config.write_text(yaml.safe_dump(SNAPSHOT_RUN))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    env = clean_environment()
     result = subprocess.run(
         [sys.executable, "-m", "parkway.actors", "run", "--config", str(config), "--json"],
         env={**env, "PARKWAY_STATE_DIR": str(state)},

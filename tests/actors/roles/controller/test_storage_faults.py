@@ -22,7 +22,7 @@ from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 from parkway.actors.runtime.faults import FAULTS_ENV, FaultPoints, FaultSpecError
 from parkway.actors.storage.inventory import check_snapshot
 
-from tests.actors.helpers import SNAPSHOT_RUN, embedded_run
+from tests.support.embedded import SNAPSHOT_RUN, embedded_run
 
 RUN_DIR = Path("snapshots") / SNAPSHOT_RUN["run"]
 PARTICIPANTS = {"agent/0", "agent/1", "policy/0", "resources/0", "resources/1", "tq/0"}
