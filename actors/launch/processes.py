@@ -64,17 +64,12 @@ def run_variables(
 
 
 def run_environment(
-    *,
-    run: str,
-    secret: str,
-    state: Path,
-    broker_url: str | None = None,
-    base: Mapping[str, str] | None = None,
-    **extra: str,
+    *, run: str, secret: str, state: Path, broker_url: str | None = None, **extra: str
 ) -> dict[str, str]:
-    """The environment of one run's processes: ``clean_environment(base)`` plus ``run_variables``."""
+    """The environment of one run's processes: this process's, without ``PARKWAY_*``
+    (``clean_environment``), plus ``run_variables``."""
     return {
-        **clean_environment(base),
+        **clean_environment(),
         **run_variables(run=run, secret=secret, state=state, broker_url=broker_url, **extra),
     }
 

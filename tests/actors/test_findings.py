@@ -2,7 +2,8 @@
 
 Findings covered elsewhere: a row waiting behind the closed gate is not running
 (``tests/protocol/test_ledger.py``), one failed row does not end its group's stream
-(``test_workload.py``), a lost resume costs seconds (``test_participant.py``), a crash test that passes
+(``tests/actors/launch/test_workload.py``), a lost resume costs seconds
+(``tests/actors/runtime/test_participant.py``), a crash test that passes
 although the episode started over (``tests/integration/test_crash_recovery.py`` asserts how many
 rollouts continued and how few turns were generated again).
 """

@@ -15,7 +15,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import msgspec.inspect as mi
@@ -186,7 +186,7 @@ def typed_messages(draw: st.DrawFn, focus: tuple[str, ...] = ()) -> dict[str, An
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     names = focus if focus and rng.random() < 0.7 else tuple(m.MESSAGE_TYPES)
     name = names[rng.randrange(len(names))]
-    info = mi.type_info(m.MESSAGE_TYPES[name])
+    info = cast(mi.StructType, mi.type_info(m.MESSAGE_TYPES[name]))  # every message is a Struct
     document: dict[str, Any] = {"type": name, "v": 1 if rng.random() < 0.95 else rng.choice([0, 2, -1])}
     document.update(draw(_fields(info)))
     if name == "Commit" and isinstance(document.get("checkpoint_id"), str) and rng.random() < 0.8:

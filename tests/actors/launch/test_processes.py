@@ -24,19 +24,23 @@ def test_the_clean_environment_drops_every_parkway_variable_and_keeps_the_rest()
     assert processes.clean_environment(base, strip=("PARKWAY_", "PATH")) == {"PYTHONPATH": "/checkout"}
 
 
-def test_the_run_environment_is_the_clean_one_plus_the_runs_settings(tmp_path: Path) -> None:
-    base = {"PARKWAY_FAULTS": "after_prepare@1", "PARKWAY_BROKER_URL": "amqp://elsewhere/", "HOME": "/h"}
+def test_the_run_environment_is_the_clean_one_plus_the_runs_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PARKWAY_FAULTS", "after_prepare@1")  # left in the developer's shell
+    monkeypatch.setenv("PARKWAY_BROKER_URL", "amqp://elsewhere/")
+    monkeypatch.setenv("PYTHONPATH", "/checkout")
     env = processes.run_environment(
-        run="r1", secret="s3", state=tmp_path, broker_url="amqp://here/", base=base, PARKWAY_HISTORY="1"
+        run="r1", secret="s3", state=tmp_path, broker_url="amqp://here/", PARKWAY_HISTORY="1"
     )
-    assert env == {
-        "HOME": "/h",
+    assert {k: v for k, v in env.items() if k.startswith("PARKWAY_")} == {
         "PARKWAY_RUN": "r1",
         "PARKWAY_SECRET": "s3",
         "PARKWAY_STATE_DIR": str(tmp_path),
         "PARKWAY_BROKER_URL": "amqp://here/",
         "PARKWAY_HISTORY": "1",
     }
+    assert env["PYTHONPATH"] == "/checkout"  # a checkout on the path is the one the child imports
     without_broker = processes.run_variables(run="r1", secret="s3", state=tmp_path)
     assert "PARKWAY_BROKER_URL" not in without_broker
 
