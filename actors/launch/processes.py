@@ -112,10 +112,9 @@ class Process:
         return self.popen.wait(timeout)
 
     def kill(self, timeout: float = 10.0) -> None:
-        """SIGKILL (continued first: a stopped process is killed just the same) and reap."""
+        """SIGKILL and reap. A stopped (SIGSTOPped) process dies of it without running again."""
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(signal.SIGCONT)
                 self.popen.kill()
         self.popen.wait(timeout)
 
@@ -212,29 +211,28 @@ def start_run(
 
 
 def stop_all(processes: Iterable[Process], *, grace: float = 20.0) -> None:
-    """Graceful stop of them all at once: SIGCONT and SIGTERM to each that runs, then wait for each up
-    to ``grace`` seconds; one still running then is SIGKILLed."""
+    """Graceful stop of them all at once: SIGCONT and SIGTERM to each that runs, then wait for each in
+    turn up to ``grace`` seconds; one still running then is SIGKILLed."""
     chosen = list(processes)
     for process in chosen:
         if process.alive():
             with contextlib.suppress(ProcessLookupError):
                 process.popen.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
                 process.popen.terminate()
-    deadline = time.monotonic() + grace
     for process in chosen:
         try:
-            process.popen.wait(max(0.0, deadline - time.monotonic()))
+            process.popen.wait(grace)
         except subprocess.TimeoutExpired:
             process.kill()
 
 
 def kill_all(processes: Iterable[Process], *, timeout: float = 30.0) -> None:
-    """SIGKILL every one that runs, all at once (a crash of the whole cluster), then reap each."""
+    """SIGKILL every one that runs, all at once (a crash of the whole cluster), then reap each. None is
+    continued first: a paused process must not run on, even for a moment, after the crash."""
     chosen = list(processes)
     for process in chosen:
         if process.alive():
             with contextlib.suppress(ProcessLookupError):
-                process.popen.send_signal(signal.SIGCONT)
                 process.popen.kill()
     for process in chosen:
         process.popen.wait(timeout)
