@@ -1,5 +1,6 @@
 """The marker check (``tests/support/markers.py``) fails a test that talks to RabbitMQ without the
-``rabbitmq`` marker or starts a process without ``slow``, and passes the same tests marked."""
+``rabbitmq`` marker or starts a process without ``slow`` (itself, or through a shared fixture set up for
+an earlier test), and passes the same tests marked."""
 
 from __future__ import annotations
 
@@ -63,6 +64,20 @@ def test_spawns_marked():
 
 def test_does_neither():
     pass
+
+
+@pytest.fixture(scope="module")
+def started():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+@pytest.mark.slow
+def test_first_user_of_a_shared_fixture_marked(started):
+    pass
+
+
+def test_later_user_of_it_unmarked(started):
+    pass  # the processes started for the first test serve this one too
 """
 
 
@@ -87,8 +102,14 @@ def test_unmarked_broker_talk_and_processes_fail_and_marked_ones_pass(tmp_path: 
     )
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
-    assert "3 failed, 3 passed" in out, out
+    assert "4 failed, 4 passed" in out, out
     failed = sorted(line.split("::")[1].split()[0] for line in out.splitlines() if line.startswith("FAILED"))
-    assert failed == ["test_spawns_unmarked", "test_talks_through_asyncio_unmarked", "test_talks_unmarked"]
+    assert failed == [
+        "test_later_user_of_it_unmarked",
+        "test_spawns_unmarked",
+        "test_talks_through_asyncio_unmarked",
+        "test_talks_unmarked",
+    ]
     assert f"connected to the AMQP port at 127.0.0.1:{CLOSED}, but it is not marked 'rabbitmq'" in out
     assert "started the process `python" in out and "but it is not marked 'slow'" in out
+    assert "test_later_user_of_it_unmarked uses the fixture 'started', which started the process" in out

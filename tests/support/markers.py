@@ -9,8 +9,9 @@ what it did. What is watched in this process while a test runs (its set-up, call
   ``connect_ex``, which asyncio, aio-pika and pika all end up calling;
 - every child process: ``subprocess.Popen`` (asyncio's subprocesses and Ray's start through it) and
   ``os.fork`` (multiprocessing);
-- asking for a fixture in ``PROCESS_FIXTURES``, whose processes run already (a module's Ray cluster is
-  started by the first test that asks for it; the later ones use its worker processes all the same).
+- asking for a fixture that did either while it was set up: a module's Ray cluster or cluster of
+  processes is started by the first test that asks for it, and the later ones use those processes
+  (and that broker connection) all the same.
 
 The other direction (nothing marked that does not need it) cannot be decided from this process alone
 (a child process may be the one that talks to the broker), so it is an audit to read rather than a
@@ -31,17 +32,24 @@ import pytest
 from tests.support.rabbit import AMQP_PORT
 
 RABBITMQ, SLOW = "rabbitmq", "slow"
-PROCESS_FIXTURES = frozenset({"ray_cluster"})
 AUDIT_ENV = "PARKWAY_TEST_MARKER_AUDIT"
 
+FixtureKey = tuple[str, str]  # (where the fixture is defined: a nodeid prefix, its name)
+
 _running: list[pytest.Item] = []  # the test whose phases run now (empty between tests)
+_setting_up: list[FixtureKey] = []  # the shared fixtures being set up now, innermost last
 _evidence: dict[str, dict[str, str]] = {}  # nodeid -> marker -> the first thing it did that needs it
+_fixture_evidence: dict[FixtureKey, dict[str, str]] = {}  # the same, for what a fixture's set-up did
 _reported: set[tuple[str, str]] = set()  # (nodeid, marker) already turned into a failure
 
 
 def _note(marker: str, what: str) -> None:
     if _running:
         _evidence.setdefault(_running[-1].nodeid, {}).setdefault(marker, what)
+    for baseid, name in _setting_up:
+        _fixture_evidence.setdefault((baseid, name), {}).setdefault(
+            marker, f"uses the fixture {name!r}, which {what}"
+        )
 
 
 def _is_amqp(address: object) -> bool:
@@ -91,20 +99,45 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     _running.append(item)
-    for name in PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-        _note(SLOW, f"uses the fixture {name!r}, whose processes run already")
     try:
         yield
     finally:
         _running.pop()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, None, None]:
+    # A function-scoped fixture runs again for each test, which then does the thing itself; only a
+    # wider one (module, session) is set up once for many tests.
+    shared = fixturedef.scope != "function"
+    if shared:
+        _setting_up.append((fixturedef.baseid, fixturedef.argname))
+    try:
+        yield
+    finally:
+        if shared:
+            _setting_up.pop()
+
+
+def _did(item: pytest.Item) -> dict[str, str]:
+    """What the test did itself, and what the fixtures it uses did when they were set up (maybe for an
+    earlier test: a module-scoped cluster of processes serves every test that asks for it)."""
+    did = dict(_evidence.get(item.nodeid, {}))
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in getattr(info, "name2fixturedefs", {}).values():
+        for definition in definitions:
+            for marker, what in _fixture_evidence.get((definition.baseid, definition.argname), {}).items():
+                did.setdefault(marker, what)
+    return did
+
+
 def _missing(item: pytest.Item) -> list[str]:
     """What the test did that its markers do not say, not yet reported."""
-    did = _evidence.get(item.nodeid, {})
     return [
         f"{item.nodeid} {what}, but it is not marked {marker!r} (pytest.mark.{marker})"
-        for marker, what in did.items()
+        for marker, what in _did(item).items()
         if item.get_closest_marker(marker) is None and (item.nodeid, marker) not in _reported
     ]
 
@@ -120,7 +153,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     problems = _missing(item)
     if not problems:
         return
-    _reported.update((item.nodeid, marker) for marker in _evidence[item.nodeid])
+    _reported.update((item.nodeid, marker) for marker in _did(item))
     message = "markers that are not true:\n  " + "\n  ".join(problems)
     if report.passed:
         report.outcome = "failed"
@@ -134,7 +167,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     unproven: list[str] = []
     for item in getattr(config, "_marker_audit_items", []):
-        did = _evidence.get(item.nodeid, {})
+        did = _did(item)
         for marker in (RABBITMQ, SLOW):
             if item.get_closest_marker(marker) is not None and marker not in did:
                 unproven.append(f"{item.nodeid}: marked {marker!r}, did not do it in this process")

@@ -10,8 +10,6 @@ from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
 from parkway.actors.engines.tiny_model import build_tiny_model
 
-pytestmark = pytest.mark.slow
-
 
 def test_the_tiny_model_rebuilds_byte_identically(tmp_path: Path) -> None:
     first = build_tiny_model(tmp_path / "a", seed=1)
@@ -37,6 +35,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory):
 PROMPT = tuple(range(5, 45))
 
 
+@pytest.mark.slow  # vLLM in a Ray actor: Ray's processes (the `pool` fixture)
 def test_same_seed_same_tokens_other_seed_other_tokens(pool) -> None:
     runner, engines = pool
 
@@ -54,6 +53,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens(pool) -> None:
     assert other.token_ids != first.token_ids
 
 
+@pytest.mark.slow  # vLLM in a Ray actor: Ray's processes (the `pool` fixture)
 def test_new_weights_from_a_directory_change_the_logprobs_and_the_old_ones_bring_them_back(
     pool, tmp_path: Path
 ) -> None:
@@ -80,6 +80,7 @@ def test_new_weights_from_a_directory_change_the_logprobs_and_the_old_ones_bring
     assert (back.token_ids, back.logprobs) == (before.token_ids, before.logprobs)
 
 
+@pytest.mark.slow  # vLLM in a Ray actor: Ray's processes (the `pool` fixture)
 def test_abort_ends_a_generation_and_in_flight_drains_to_zero(pool) -> None:
     runner, engines = pool
 
@@ -99,6 +100,7 @@ def test_abort_ends_a_generation_and_in_flight_drains_to_zero(pool) -> None:
     assert in_flight == 0 and in_engine == [0]  # the pool's count and vLLM's own, in its actor
 
 
+@pytest.mark.slow  # vLLM in a Ray actor: Ray's processes (the `pool` fixture)
 def test_a_workload_on_vllm_turns_model_garbage_into_typed_failures(pool, tmp_path: Path) -> None:
     # A tiny random model writes nonsense: every attempt must end as a typed failure, nothing may crash,
     # and no tool session may leak.
@@ -136,6 +138,7 @@ def test_a_workload_on_vllm_turns_model_garbage_into_typed_failures(pool, tmp_pa
     assert summary.sessions_leaked == 0
 
 
+@pytest.mark.slow  # vLLM in a Ray actor: Ray's processes (the `pool` fixture)
 def test_a_crash_and_restore_with_vllm_keeps_every_finished_turn(pool, tmp_path: Path) -> None:
     # The turn-recovery scenario end to end with real vLLM: the counter agent (which works whatever the
     # tiny model says), a crash right after a snapshot, a restore under `turn`, the uncrashed transcripts.
