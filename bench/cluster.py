@@ -10,6 +10,7 @@ Modes:
 
 Logs: the benchmark's own process logs at ``warning`` (an info line per turn, rendered for a terminal,
 would be measured as framework cost); actor processes log at ``--actor-log-level`` (default warning).
+The actor processes are started and stopped by parkway's one launcher (``parkway.actors.launch.processes``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from common import MODES
+from parkway.actors.launch import processes as launch
+from parkway.actors.launch.processes import Process
 from parkway.actors.launch.workload import run_workload
 from parkway.actors.roles.controller.controller import Controller, RunSummary
 from parkway.actors.run.config import RunConfig, from_dict
@@ -38,8 +41,6 @@ from parkway.protocol.messages import Status, StatusReport
 
 URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 SECRET = b"bench"
-RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("embedded", "rabbitmq")
 
 configure_logging(level=os.environ.get("PARKWAY_BENCH_LOG_LEVEL", "warning"), stream=sys.stderr)
 
@@ -63,7 +64,7 @@ class Cluster:
     broker: Broker
     controller: Controller
     state: Path
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
 
     async def run(self, **kwargs: Any) -> RunSummary:
         """The workload to completion (``run_workload``); keywords go to it (``stop_after_snapshots``...)."""
@@ -105,7 +106,7 @@ async def started(
     config = from_dict(data)
     tasks = load_tasks(config.tasks)
     state = state or Path(tempfile.mkdtemp(prefix="parkway-bench-"))
-    processes: list[subprocess.Popen[bytes]] = []
+    processes: list[Process] = []
     broker: Broker
     if mode == "embedded":
         broker = MemoryBroker(MemoryHub(), config.run)
@@ -150,39 +151,26 @@ async def delete_run(config: RunConfig) -> None:
                         await channel.exchange_delete(name)
 
 
-def spawn_actors(data: dict[str, Any], state: Path, log_level: str) -> list[subprocess.Popen[bytes]]:
-    """Every actor of ``data`` as its own ``parkway actor`` process on the local RabbitMQ."""
+def spawn_actors(data: dict[str, Any], state: Path, log_level: str) -> list[Process]:
+    """Every actor of ``data`` as its own ``parkway actor`` process on the local RabbitMQ (their logs go
+    to this process's stderr)."""
     config = from_dict(data)
     state.mkdir(parents=True, exist_ok=True)
     config_path = state / "run.yaml"
     config_path.write_text(yaml.safe_dump(data))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-    env.update(
-        PARKWAY_RUN=config.run,
-        PARKWAY_SECRET=SECRET.decode(),
-        PARKWAY_STATE_DIR=str(state),
-        PARKWAY_BROKER_URL=URL,
-    )
-    command = [sys.executable, "-m", "parkway.actors", "actor"]
+    env = launch.run_environment(run=config.run, secret=SECRET.decode(), state=state, broker_url=URL)
     return [
-        subprocess.Popen(
-            [*command, role, "--replica", str(i), "--config", str(config_path), "--log-level", log_level],
-            env=env,
-        )
+        launch.start_actor(role, i, env=env, config=config_path, log_level=log_level)
         for role, i in roles(config)
     ]
 
 
-def stop_processes(processes: list[subprocess.Popen[bytes]], *, kill: bool = False) -> None:
-    for proc in processes:
-        if proc.poll() is None:
-            proc.kill() if kill else proc.terminate()
-    for proc in processes:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+def stop_processes(processes: list[Process], *, kill: bool = False) -> None:
+    """SIGTERM and 30 s to go (``kill``: SIGKILL at once, the benchmark's crash), then reap."""
+    if kill:
+        launch.kill_all(processes, timeout=30)
+    else:
+        launch.stop_all(processes, grace=30)
 
 
 async def cancel(task: asyncio.Task[Any]) -> None:
@@ -209,33 +197,3 @@ def tasks_file(prompts: int, *, turns: tuple[int, int] | None = None) -> Path:
         lines.append(json.dumps(task))
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def machine() -> dict[str, Any]:
-    """Where and when a figure was taken (2 shared cores: load matters)."""
-    load = os.getloadavg()
-    return {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "cpus": os.cpu_count(),
-        "loadavg_1m_at_start": round(load[0], 2),
-        "python": sys.version.split()[0],
-    }
-
-
-def write_json(name: str, record: dict[str, Any]) -> Path:
-    import json
-
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
-    return path
-
-
-def pyplot() -> Any:
-    """matplotlib, imported late, on the Agg backend (no display here)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -29,6 +29,7 @@ import uuid
 from typing import Any
 
 import cluster
+import common
 from parkway.actors.launch import workload as workload_module
 from parkway.protocol import codec
 
@@ -184,26 +185,29 @@ def summarize(in_flight: int, mode: str, snapshots: list[dict[str, Any]]) -> dic
 
 def table(rows: list[dict[str, Any]]) -> str:
     kinds = [k for k in CONTROL if any(k in r["control_sent_p50"] for r in rows)]
-    lines = [
-        f"{'mode':<9} {'in flight':>9} "
-        + " ".join(f"{k:>7}" for k in kinds)
-        + f" {'control':>8} {'receipts acked':>14} {'replies':>8} {'KB sent':>8} {'KB back':>8}"
-        + "  received by participants (Prometheus)"
-    ]
+    headers = ["mode", "in flight", *kinds, "control", "receipts acked", "replies", "KB sent", "KB back"]
+    body = []
     for r in rows:
         prom = r["received_prometheus_p50"]
-        lines.append(
-            f"{r['mode']:<9} {r['in_flight']:>9} "
-            + " ".join(f"{r['control_sent_p50'].get(k, 0):>7.0f}" for k in kinds)
-            + f" {r['control_messages_p50']:>8.0f} {r['acked_receipts_p50']:>14.0f} {r['replies_p50']:>8.0f}"
-            + f" {r['control_bytes_p50'] / 1e3:>8.1f} {r['reply_bytes_p50'] / 1e3:>8.1f}  "
-            + (", ".join(f"{k} {v:.0f}" for k, v in prom.items()) if prom else "-")
+        body.append(
+            [
+                r["mode"],
+                r["in_flight"],
+                *(f"{r['control_sent_p50'].get(k, 0):.0f}" for k in kinds),
+                f"{r['control_messages_p50']:.0f}",
+                f"{r['acked_receipts_p50']:.0f}",
+                f"{r['replies_p50']:.0f}",
+                f"{r['control_bytes_p50'] / 1e3:.1f}",
+                f"{r['reply_bytes_p50'] / 1e3:.1f}",
+                ", ".join(f"{k} {v:.0f}" for k, v in prom.items()) if prom else "-",
+            ]
         )
-    return "\n".join(lines)
+    headers.append("received by participants (Prometheus)")
+    return common.markdown_table(headers, body, "l" + "r" * (len(headers) - 2) + "l")
 
 
 def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
-    plt = cluster.pyplot()
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     mode = "rabbitmq" if any(r["mode"] == "rabbitmq" for r in rows) else rows[0]["mode"]
     mine = [r for r in rows if r["mode"] == mode]
@@ -235,35 +239,29 @@ def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
     ax.set_title("Control-plane KB per snapshot (episode scopes ride on them)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 64, 256, 1024])
-    parser.add_argument("--modes", nargs="+", default=list(cluster.MODES), choices=cluster.MODES)
+    common.add_modes(parser)
     parser.add_argument("--delay", type=float, default=0.02, help="engine seconds per token")
     parser.add_argument("--turns", type=int, default=3, help="turns per rollout (short: receipts to ACK)")
     parser.add_argument("--tool-delay", type=float, default=0.1, help="seconds every tool call takes")
     parser.add_argument("--warmup", type=float, default=8.0)
     parser.add_argument("--snapshots", type=int, default=4)
     parser.add_argument("--every", type=float, default=1.5)
-    parser.add_argument("--quick", action="store_true", help="16 and 256 in flight, embedded only")
-    parser.add_argument("--name", default="control_messages", help="results file name")
+    common.add_quick(parser, "16 and 256 in flight, embedded only")
+    common.add_name(parser, "control_messages")
     args = parser.parse_args()
     if args.quick:
         args.in_flight, args.modes, args.snapshots = [16, 256], ["embedded"], 2
-    began = cluster.machine()
+    began = common.machine()
     rows = [asyncio.run(measure(n, mode, args)) for n in args.in_flight for mode in args.modes]
     print(table(rows))
-    settings = {k: v for k, v in vars(args).items() if k != "name"}
-    cluster.write_json(
-        args.name, {"bench": "control_messages", **began, "settings": settings, "results": rows}
-    )
-    plot(rows, cluster.RESULTS / f"{args.name}.png", f"{began['when']}, 2 agents, 2 resources, policy, TQ")
+    common.write_record(args.name, "control_messages", began, args, rows)
+    plot(rows, common.figure_path(args.name), f"{began['when']}, 2 agents, 2 resources, policy, TQ")
 
 
 if __name__ == "__main__":

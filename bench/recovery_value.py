@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import cluster
+import common
 from parkway.actors.roles.controller.controller import RunSummary
 
 LEVELS = ("prompt_group", "sibling", "turn")
@@ -167,21 +168,24 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        f"{'turns':>5} {'level':<12} {'turns again':>11} {'% of all':>8} {'tokens again':>12} "
-        f"{'per crash':>22} {'same transcripts':>16}"
+    headers = ["turns", "level", "turns again", "% of all", "tokens again", "per crash", "same transcripts"]
+    body = [
+        [
+            r["turns"],
+            r["level"],
+            f"{r['turns_again']:.1f}",
+            f"{r['turns_again_pct']:.1f}%",
+            f"{r['tokens_again']:.0f}",
+            ", ".join(str(x["turns_again"]) for x in r["runs"]),
+            "yes" if r["all_complete_and_same"] else "NO",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        per = ", ".join(str(x["turns_again"]) for x in r["runs"])
-        lines.append(
-            f"{r['turns']:>5} {r['level']:<12} {r['turns_again']:>11.1f} {r['turns_again_pct']:>7.1f}% "
-            f"{r['tokens_again']:>12.0f} {per:>22} {('yes' if r['all_complete_and_same'] else 'NO'):>16}"
-        )
-    return "\n".join(lines)
+    return common.markdown_table(headers, body, "rlrrrrl")
 
 
 def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
-    plt = cluster.pyplot()
+    plt = common.pyplot()
     lengths = sorted({r["turns"] for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     width = 0.8 / len(LEVELS)
@@ -202,34 +206,29 @@ def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
         ax.legend(title="recovery level", fontsize=8)
     axes[0].set_title("Turns generated again (mean over crash points)")
     axes[1].set_title("Tokens generated again")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--turns", type=int, nargs="+", default=[5, 20, 50], help="rollout lengths")
     parser.add_argument("--crashes", type=int, default=3, help="random crash points per length")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between snapshots")
     parser.add_argument("--in-flight", type=int, default=10)
-    parser.add_argument("--delay", type=float, default=0.001, help="engine seconds per token")
-    parser.add_argument("--tool-delay", type=float, default=0.01, help="seconds every tool call takes")
+    common.add_engine(parser, delay=0.001, tool_delay=0.01)
     parser.add_argument("--seed", type=int, default=1, help="seed of the crash points")
-    parser.add_argument("--quick", action="store_true", help="5 and 20 turns, one crash point")
-    parser.add_argument("--name", default="recovery_value", help="results file name")
+    common.add_quick(parser, "5 and 20 turns, one crash point")
+    common.add_name(parser, "recovery_value")
     args = parser.parse_args()
     if args.quick:
         args.turns, args.crashes = [5, 20], 1
-    began = cluster.machine()
+    began = common.machine()
     rows = asyncio.run(measure(args))
     print(table(rows))
-    settings = {k: v for k, v in vars(args).items() if k != "name"}
-    cluster.write_json(args.name, {"bench": "recovery_value", **began, "settings": settings, "results": rows})
+    common.write_record(args.name, "recovery_value", began, args, rows)
     plot(
         rows,
-        cluster.RESULTS / f"{args.name}.png",
+        common.figure_path(args.name),
         f"counter agent, {PROMPTS} prompts x {GROUP_SIZE} siblings, {args.in_flight} in flight, a snapshot "
         f"every {args.interval:g} s (a turn is about {(75 * args.delay + args.tool_delay) * 1000:.0f} ms), "
         f"{args.crashes} random crash point(s) per length, {began['when']}",

@@ -36,6 +36,8 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 from typing import Any  # noqa: E402
 
+import common  # noqa: E402 - the standard library only: cheap before the timed imports
+
 PHASES = (
     "imported",
     "cluster_ready",
@@ -209,24 +211,31 @@ def child(mode: str, state: str, data_text: str) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        f"{'mode':<9} {'saved':>6} {'MB':>6} {'imported':>8} {'cluster':>8} {'selected':>8} "
-        f"{'restored':>8} {'first gen':>9} {'all resumed':>11}   (seconds from spawn, median of repeats)"
+    """Seconds from the spawn, the median of the repeats."""
+    headers = [
+        "mode",
+        "saved",
+        "MB",
+        "imported",
+        "cluster",
+        "selected",
+        "restored",
+        "first gen",
+        "all resumed",
     ]
+    body = []
     for r in rows:
         m = r["median_s"]
-        lines.append(
-            f"{r['mode']:<9} {r['rollouts_saved']:>6} {r['bytes'] / 1e6:>6.2f} {m['imported']:>8.2f} "
-            f"{m['cluster_ready']:>8.2f} {m['selected']:>8.2f} {m['restored']:>8.2f} "
-            f"{m['first_generation']:>9.2f} {m['all_resumed']:>11.2f}"
+        body.append(
+            [r["mode"], r["rollouts_saved"], f"{r['bytes'] / 1e6:.2f}"]
+            + [f"{m[k]:.2f}" for k in ("imported", "cluster_ready", "selected", "restored")]
+            + [f"{m['first_generation']:.2f}", f"{m['all_resumed']:.2f}"]
         )
-    return "\n".join(lines)
+    return common.markdown_table(headers, body) + "\n(seconds from the processes' spawn, median of repeats)"
 
 
 def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
-    import cluster
-
-    plt = cluster.pyplot()
+    plt = common.pyplot()
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.6), squeeze=False)
     segments = (
@@ -259,31 +268,24 @@ def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
         ax.legend(fontsize=7, loc="upper left")
         ax.set_ylim(top=max(bottom) * 1.25)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--rollouts", type=int, nargs="+", default=[16, 64, 256, 1024])
-    parser.add_argument(
-        "--modes", nargs="+", default=["embedded", "rabbitmq"], choices=["embedded", "rabbitmq"]
-    )
+    common.add_modes(parser)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="16 and 256 rollouts, once each")
-    parser.add_argument("--name", default="restore_time", help="results file name")
+    common.add_quick(parser, "16 and 256 rollouts, once each")
+    common.add_name(parser, "restore_time")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "STATE", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return
-    import cluster
-
     if args.quick:
         args.rollouts, args.repeat = [16, 256], 1
-    began = cluster.machine()
+    began = common.machine()
     rows = []
     for n in args.rollouts:
         source = _Path(tempfile.mkdtemp(prefix=f"parkway-bench-restore{n}-"))
@@ -300,13 +302,8 @@ def main() -> None:
             print(f"  {mode} {n}: first generation {median['first_generation']} s", file=_sys.stderr)
         shutil.rmtree(source, ignore_errors=True)
     print(table(rows))
-    settings = {k: v for k, v in vars(args).items() if k not in ("name", "child")}
-    cluster.write_json(args.name, {"bench": "restore_time", **began, "settings": settings, "results": rows})
-    plot(
-        rows,
-        cluster.RESULTS / f"{args.name}.png",
-        f"{began['when']}, {began['cpus']} shared cores (load {began['loadavg_1m_at_start']})",
-    )
+    common.write_record(args.name, "restore_time", began, args, rows, exclude=("name", "child"))
+    plot(rows, common.figure_path(args.name), common.machine_line(began))
 
 
 if __name__ == "__main__":

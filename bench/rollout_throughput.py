@@ -34,6 +34,7 @@ import uuid
 from typing import Any
 
 import cluster
+import common
 
 OFF = "off"
 
@@ -178,22 +179,26 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        f"{'snapshots':<10} {'seconds':>7} {'taken':>5} {'tokens/s':>9} {'ratio':>6} {'rollouts/s':>10} "
-        f"{'ratio':>6} {'gate closed':>11}  tokens ratio per round"
+    headers = ["snapshots", "seconds", "taken", "tokens/s", "ratio", "rollouts/s", "ratio", "gate closed"]
+    body = [
+        [
+            "off" if r["schedule"] == OFF else f"every {r['schedule']} s",
+            f"{r['seconds']:.0f}",
+            r["snapshots"],
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['tokens_ratio']:.3f}",
+            f"{r['rollouts_per_s']:.2f}",
+            f"{r['rollouts_ratio']:.3f}",
+            f"{100 * r['paused_fraction']:.3f}%",
+            " ".join(f"{x:.3f}" for x in r["tokens_ratio_by_round"]),
+        ]
+        for r in rows
     ]
-    for r in rows:
-        label = "off" if r["schedule"] == OFF else f"every {r['schedule']} s"
-        lines.append(
-            f"{label:<10} {r['seconds']:>7.0f} {r['snapshots']:>5} {r['tokens_per_s']:>9.1f} "
-            f"{r['tokens_ratio']:>6.3f} {r['rollouts_per_s']:>10.2f} {r['rollouts_ratio']:>6.3f} "
-            f"{100 * r['paused_fraction']:>10.3f}%  {' '.join(f'{x:.3f}' for x in r['tokens_ratio_by_round'])}"
-        )
-    return "\n".join(lines)
+    return common.markdown_table([*headers, "tokens ratio per round"], body, "lrrrrrrrl")
 
 
 def plot(rows: list[dict[str, Any]], result: dict[str, Any], path: _Path, title: str) -> None:
-    plt = cluster.pyplot()
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     ax = axes[0]
     labels = ["off" if r["schedule"] == OFF else f"every {r['schedule']} s" for r in rows]
@@ -225,44 +230,37 @@ def plot(rows: list[dict[str, Any]], result: dict[str, Any], path: _Path, title:
     twin.set_ylim(bottom=0)
     ax.set_title("Each snapshot over the run: pause (red), bytes written (blue)")
     ax.grid(True, alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", default="rabbitmq", choices=cluster.MODES)
+    parser = common.parser(__doc__)
+    parser.add_argument("--mode", default="rabbitmq", choices=common.MODES)
     parser.add_argument("--in-flight", type=int, default=256)
     parser.add_argument("--intervals", type=float, nargs="+", default=[120.0, 30.0, 10.0])
     parser.add_argument("--window", type=float, default=20.0, help="seconds per window")
     parser.add_argument("--rounds", type=int, default=6, help="windows per schedule")
-    parser.add_argument("--delay", type=float, default=0.05, help="engine seconds per token")
-    parser.add_argument("--tool-delay", type=float, default=0.1, help="seconds every tool call takes")
+    common.add_engine(parser, delay=0.05, tool_delay=0.1)
     parser.add_argument("--turns", type=int, default=7, help="rollouts have 2 to this many turns")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the first window")
-    parser.add_argument("--quick", action="store_true", help="windows of 8 s, 2 rounds, intervals 16 4 2")
-    parser.add_argument("--name", default="rollout_throughput", help="results file name")
+    common.add_quick(parser, "windows of 8 s, 2 rounds, intervals 16 4 2")
+    common.add_name(parser, "rollout_throughput")
     args = parser.parse_args()
     if args.quick:
         args.window, args.rounds, args.intervals, args.warmup = 8.0, 2, [16.0, 4.0, 2.0], 8.0
     args.intervals = [int(i) if float(i).is_integer() else i for i in args.intervals]
-    began = cluster.machine()
+    began = common.machine()
     result = asyncio.run(measure(args))
     rows = summarize(result)
     print(table(rows))
-    settings = {k: v for k, v in vars(args).items() if k != "name"}
-    cluster.write_json(
-        args.name, {"bench": "rollout_throughput", **began, "settings": settings, "results": rows, **result}
-    )
+    common.write_record(args.name, "rollout_throughput", began, args, rows, **result)
     plot(
         rows,
         result,
-        cluster.RESULTS / f"{args.name}.png",
+        common.figure_path(args.name),
         f"{args.mode}, {args.in_flight} rollouts in flight, {args.delay * 1000:.0f} ms/token, tools "
         f"{args.tool_delay * 1000:.0f} ms, windows of {args.window:.0f} s x {args.rounds} rounds, "
-        f"{began['when']}, {began['cpus']} shared cores (load {began['loadavg_1m_at_start']})",
+        f"{common.machine_line(began)}",
     )
 
 

@@ -14,26 +14,26 @@ Prints a table and writes ``bench/results/rpc_roundtrip.json``. Not a test: no a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is scripts, not a package
+
+import common
+from parkway.actors.launch import processes as launch
 from parkway.actors.runtime.client import Client
 from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope
 from parkway.brokers.rabbitmq import RabbitBroker
-from parkway.protocol.messages import Probe, Status, StatusReport
+from parkway.protocol.messages import Probe, Status
 
 SECRET = "bench-secret"
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def summary(samples_s: list[float]) -> dict[str, float]:
@@ -86,26 +86,12 @@ async def bench_broker(url: str, n: int) -> dict[str, float]:
 async def bench_actor(url: str, n: int) -> dict[str, dict[str, float]]:
     run = f"bench{uuid.uuid4().hex[:6]}"
     state = tempfile.mkdtemp(prefix="parkway-bench-")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-    env.update(PARKWAY_RUN=run, PARKWAY_SECRET=SECRET, PARKWAY_STATE_DIR=state)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "parkway.actors",
-            "actor",
-            "tq",
-            "--broker",
-            url,
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-    )
+    env = launch.run_environment(run=run, secret=SECRET, state=Path(state))
+    actor = launch.start_actor("tq", 0, env=env, broker_url=url, log_level="warning")
     try:
         async with RabbitBroker(url, run) as broker:
             client = Client(broker, secret=SECRET.encode(), sender="bench/0")
-            await _wait_ready(client, proc.pid)
+            await launch.wait_ready(client, actor, timeout=30)
             counter = iter(range(10**9))
 
             async def probe() -> None:
@@ -123,21 +109,9 @@ async def bench_actor(url: str, n: int) -> dict[str, dict[str, float]]:
                 "actor-query": summary(await timed(n, 200, status)),
             }
     finally:
-        proc.terminate()
-        proc.wait(30)
+        actor.stop(grace=30)
         await _delete(url, run, ["tq/0"])
     return result
-
-
-async def _wait_ready(client: Client, pid: int) -> None:
-    for _ in range(300):
-        try:
-            reply = await client.request("tq/0", Status(checkpoint_id="ready", deadline=time.time() + 1))
-            if isinstance(reply, StatusReport) and reply.pid == pid:
-                return
-        except Exception:
-            await asyncio.sleep(0.1)
-    raise RuntimeError("the actor did not come up")
 
 
 async def _delete(url: str, run: str, addresses: list[str]) -> None:
@@ -152,24 +126,27 @@ async def _delete(url: str, run: str, addresses: list[str]) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--n", type=int, default=2000, help="timed requests per layer")
     parser.add_argument(
         "--url", default=os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
     )
     args = parser.parse_args()
     results = {"broker": await bench_broker(args.url, args.n), **(await bench_actor(args.url, args.n))}
-    print(f"{'layer':<12} {'n':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-    for layer, s in results.items():
-        print(f"{layer:<12} {s['n']:>6} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8} {s['max_ms']:>8}")
-    RESULTS.mkdir(exist_ok=True)
+    columns = ("n", "p50_ms", "p95_ms", "p99_ms", "max_ms")
+    print(
+        common.markdown_table(
+            ["layer", "n", "p50 ms", "p95 ms", "p99 ms", "max ms"],
+            [[layer, *(s[c] for c in columns)] for layer, s in results.items()],
+        )
+    )
     record = {
         "bench": "rpc_roundtrip",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "results": results,
     }
-    (RESULTS / "rpc_roundtrip.json").write_text(json.dumps(record, indent=2) + "\n")
+    common.write_json("rpc_roundtrip", record)
 
 
 if __name__ == "__main__":

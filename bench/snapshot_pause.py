@@ -32,6 +32,7 @@ import uuid
 from typing import Any
 
 import cluster
+import common
 from parkway.actors.roles.controller.snapshots import percentiles
 
 STEPS = ("prepare", "commit", "capture", "validate", "publish", "resume")
@@ -97,24 +98,38 @@ def summarize(in_flight: int, mode: str, records: list[dict[str, Any]], failed: 
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        f"{'mode':<9} {'in flight':>9} {'snaps':>5} {'pause p50':>9} {'p95':>6} {'max':>6} "
-        f"{'park wait p50':>13} {'own p50':>7} {'p95':>6} {'MB':>5}  " + " ".join(f"{s:>8}" for s in STEPS)
-    )
-    lines = [head]
+    headers = [
+        "mode",
+        "in flight",
+        "snaps",
+        "pause p50",
+        "p95",
+        "max",
+        "park wait p50",
+        "own p50",
+        "p95",
+        "MB",
+    ]
+    body = []
     for r in rows:
         p, o, w = r["pause_ms"], r["pause_without_park_wait_ms"], r["park_wait_ms"]
-        steps = " ".join(f"{r['steps_ms_p50'].get(s, 0):>8.1f}" for s in STEPS)
-        lines.append(
-            f"{r['mode']:<9} {r['in_flight']:>9} {r['snapshots']:>5} {p['p50']:>9.1f} {p['p95']:>6.1f} "
-            f"{p['max']:>6.1f} {w['p50']:>13.1f} {o['p50']:>7.1f} {o['p95']:>6.1f} "
-            f"{r['bytes_p50'] / 1e6:>5.2f}  {steps}"
+        body.append(
+            [
+                r["mode"],
+                r["in_flight"],
+                r["snapshots"],
+                f"{p['p50']:.1f}",
+                f"{p['p95']:.1f}",
+                f"{p['max']:.1f}",
+            ]
+            + [f"{w['p50']:.1f}", f"{o['p50']:.1f}", f"{o['p95']:.1f}", f"{r['bytes_p50'] / 1e6:.2f}"]
+            + [f"{r['steps_ms_p50'].get(s, 0):.1f}" for s in STEPS]
         )
-    return "\n".join(lines)
+    return common.markdown_table(headers + list(STEPS), body)
 
 
 def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
-    plt = cluster.pyplot()
+    plt = common.pyplot()
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     fig, axes = plt.subplots(1, 1 + len(modes), figsize=(6 + 5 * len(modes), 4.8))
     ax = axes[0]
@@ -169,18 +184,14 @@ def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
         handles, names = ax.get_legend_handles_labels()
         more, more_names = twin.get_legend_handles_labels()
         ax.legend(handles + more, names + more_names, fontsize=7, loc="upper left", ncol=2)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 64, 256, 1024])
-    parser.add_argument("--modes", nargs="+", default=list(cluster.MODES), choices=cluster.MODES)
-    parser.add_argument("--delay", type=float, default=0.05, help="engine seconds per token")
-    parser.add_argument("--tool-delay", type=float, default=0.1, help="seconds every tool call takes")
+    common.add_modes(parser)
+    common.add_engine(parser, delay=0.05, tool_delay=0.1)
     parser.add_argument("--turns", type=int, default=12, help="turns per rollout")
     parser.add_argument(
         "--prompts", type=int, default=0, help="prompts in the dataset (0: 2 x in flight / 8)"
@@ -188,25 +199,23 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=8.0, help="seconds of running before the first")
     parser.add_argument("--snapshots", type=int, default=8, help="snapshots per point")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between snapshots")
-    parser.add_argument("--quick", action="store_true", help="16 and 256 in flight, 4 snapshots each")
-    parser.add_argument("--name", default="snapshot_pause", help="results file name")
+    common.add_quick(parser, "16 and 256 in flight, 4 snapshots each")
+    common.add_name(parser, "snapshot_pause")
     args = parser.parse_args()
     if args.quick:
         args.in_flight, args.snapshots, args.warmup = [16, 256], 4, 4.0
-    began = cluster.machine()
+    began = common.machine()
     rows = []
     for n in args.in_flight:
         for mode in args.modes:
             rows.append(asyncio.run(measure(n, mode, args)))
             print(f"  {mode} {n}: pause p50 {rows[-1]['pause_ms']['p50']} ms", file=_sys.stderr)
     print(table(rows))
-    settings = {k: v for k, v in vars(args).items() if k != "name"}
-    cluster.write_json(args.name, {"bench": "snapshot_pause", **began, "settings": settings, "results": rows})
+    common.write_record(args.name, "snapshot_pause", began, args, rows)
     plot(
         rows,
-        cluster.RESULTS / f"{args.name}.png",
-        f"{args.delay * 1000:.0f} ms/token, tools {args.tool_delay * 1000:.0f} ms, {began['when']}, "
-        f"{began['cpus']} shared cores (load {began['loadavg_1m_at_start']})",
+        common.figure_path(args.name),
+        f"{args.delay * 1000:.0f} ms/token, tools {args.tool_delay * 1000:.0f} ms, {common.machine_line(began)}",
     )
 
 

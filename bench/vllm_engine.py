@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 import uuid
@@ -20,10 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is scripts, not a package
 
 import cluster
+import common
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -89,7 +87,7 @@ def snapshot_pause(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("model")
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--concurrency", type=int, default=8)
@@ -107,7 +105,6 @@ def main() -> None:
     print(
         f"workload: {pause['rollouts']} rollouts, {pause['snapshots']} snapshots, pause_ms {pause['pause_ms']}"
     )
-    RESULTS.mkdir(exist_ok=True)
     record = {
         "bench": "vllm_engine",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -115,7 +112,7 @@ def main() -> None:
         "speed": speed,
         "workload": pause,
     }
-    (RESULTS / "vllm_engine.json").write_text(json.dumps(record, indent=2) + "\n")
+    common.write_json("vllm_engine", record)
 
 
 if __name__ == "__main__":

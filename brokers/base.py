@@ -1,6 +1,6 @@
 """The broker interface every transport implements, and the pieces both implementations share.
 
-Semantics (checked by ``tests/contract`` against both brokers):
+Semantics (checked by ``tests/brokers/test_contract.py`` against both brokers):
 
 - Addresses (``role/replica`` or any name) map to durable queues inside one run's namespace; two runs
   on one broker never see each other's messages.

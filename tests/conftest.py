@@ -1,28 +1,18 @@
-"""Shared fixtures: broker URLs, per-test run names, and clean-up of what a test declared on RabbitMQ."""
+"""Fixtures every test package uses: broker URLs, per-test run names, brokers of both kinds and clean-up
+of what a test declared on RabbitMQ. The marker check (``tests/support/markers.py``) is loaded here."""
 
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
-from urllib.parse import urlparse
 
 import pytest
 from parkway.brokers.base import Broker
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
-AMQP_URL = os.environ.get("PARKWAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-TEST_SECRET = b"test-secret-0123456789abcdef"
+from tests.support.rabbit import AMQP_URL, delete_run, rabbitmq_reachable
 
-
-def rabbitmq_reachable() -> bool:
-    parsed = urlparse(AMQP_URL)
-    try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 5672), timeout=1):
-            return True
-    except OSError:
-        return False
+pytest_plugins = ["tests.support.markers"]
 
 
 @pytest.fixture
@@ -39,20 +29,6 @@ def run_name() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
-async def delete_run(url: str, run: str, addresses: list[str]) -> None:
-    """Remove a test run's queues and exchanges from RabbitMQ."""
-    import aio_pika
-
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        prefix = f"pk.{run}"
-        for name in [*(f"{prefix}.q.{a}" for a in addresses), f"{prefix}.dead", f"{prefix}.logs"]:
-            await channel.queue_delete(name)
-        for name in (prefix, f"{prefix}.dlx", f"{prefix}.logs"):
-            await channel.exchange_delete(name)
-
-
 @pytest.fixture
 async def rabbit_cleanup(amqp_url: str) -> AsyncIterator[Callable[[str, list[str]], None]]:
     """Register (run, addresses) to delete after the test."""
@@ -62,7 +38,8 @@ async def rabbit_cleanup(amqp_url: str) -> AsyncIterator[Callable[[str, list[str
         await delete_run(amqp_url, run, addresses)
 
 
-@pytest.fixture(params=["memory", "rabbitmq"])
+# The RabbitMQ case carries its marker: ``-m "not rabbitmq"`` keeps the in-memory case of each test.
+@pytest.fixture(params=["memory", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
 def broker_kind(request: pytest.FixtureRequest) -> str:
     return request.param
 

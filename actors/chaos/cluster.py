@@ -8,31 +8,25 @@ controller's history as it is written, for the harness to follow the protocol's 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from parkway.actors.launch import processes
+from parkway.actors.launch.processes import Process
 from parkway.actors.runtime.faults import FAULTS_ENV
 from parkway.actors.runtime.history import HISTORY_ENV, Record, parse_line
 
 CONTROLLER = "controller"
 
 
-@dataclass
-class Proc:
-    name: str  # "tq/0", ..., or "controller"
-    popen: subprocess.Popen[bytes]
+@dataclass(eq=False)
+class Proc(Process):
+    """One process of the workload (``name``: ``tq/0``, ..., or ``controller``) and what the nemesis
+    did to it."""
+
     armed: str = ""  # the PARKWAY_FAULTS it was started with
     stopped: bool = False  # SIGSTOPped by us and not continued yet
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
 
 
 class Cluster:
@@ -53,94 +47,67 @@ class Cluster:
         self.summary_path = logs / "summary.json"
 
     def env(self, faults: str = "") -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
-        env.update(
-            PARKWAY_RUN=self.run,
-            PARKWAY_SECRET=self.secret,
-            PARKWAY_STATE_DIR=str(self.state),
-            PARKWAY_BROKER_URL=self.url,
-            PARKWAY_METRICS_PORT="0",
-            **{HISTORY_ENV: "1"},
+        env = processes.run_environment(
+            run=self.run, secret=self.secret, state=self.state, broker_url=self.url
         )
+        env.update(PARKWAY_METRICS_PORT="0", **{HISTORY_ENV: "1"})
         if faults:
             env[FAULTS_ENV] = faults
         return env
 
     def start(self, name: str, faults: str = "") -> Proc:
         count = self.starts[name] = self.starts.get(name, 0) + 1
-        log = self.logs / f"{name.replace('/', '-')}-{count}.log"
+        log = self._log_path(name, count)
         if name == CONTROLLER:
-            args = ["run", "--config", str(self.config), "--json", "--log-level", "info"]
-            stdout: Any = open(self.summary_path, "wb")  # noqa: SIM115 - the child owns it
+            started = processes.start_run(
+                self.config, env=self.env(faults), stderr=log, stdout=self.summary_path
+            )
         else:
             role, replica = name.split("/")
-            args = ["actor", role, "--replica", replica, "--config", str(self.config), "--log-level", "info"]
-            stdout = subprocess.DEVNULL
-        with open(log, "wb") as stderr:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "parkway.actors", *args],
+            started = processes.start_actor(
+                role,
+                int(replica),
                 env=self.env(faults),
-                stdout=stdout,
-                stderr=stderr,
+                stderr=log,
+                config=self.config,
+                log_level="info",
             )
-        if stdout is not subprocess.DEVNULL:
-            stdout.close()
-        proc = Proc(name, popen, faults)
+        proc = Proc(name, started.popen, started.log_path, armed=faults)
         self.procs[name] = proc
         self.everything.append(proc)
         return proc
 
     def alive(self) -> list[Proc]:
-        return [p for p in self.procs.values() if p.popen.poll() is None]
+        return [p for p in self.procs.values() if p.alive()]
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         proc = self.procs[name]
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(sig)
+        if proc.alive():
+            proc.signal(sig)
             proc.stopped = sig == signal.SIGSTOP or (proc.stopped and sig != signal.SIGCONT)
 
     def kill(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.popen.poll() is None:
-            proc.popen.kill()
-        proc.popen.wait(30)
+        self.procs[name].kill(timeout=30)
 
     def kill_all(self) -> None:
-        for proc in self.alive():
-            proc.popen.kill()  # all at once, then reap
-        for proc in list(self.procs.values()):
-            proc.popen.wait(30)
+        processes.kill_all(self.procs.values(), timeout=30)
 
     def stop_actors(self) -> None:
         """Graceful stop of the actors after a finished workload: SIGTERM, SIGKILL if slow."""
-        for proc in self.alive():
-            if proc.stopped:
-                proc.popen.send_signal(signal.SIGCONT)
-            proc.popen.terminate()
-        for proc in list(self.procs.values()):
-            try:
-                proc.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(10)
+        processes.stop_all(self.procs.values(), grace=20)
 
     def reap_everything(self) -> None:
         """Whatever happened: no process of ours survives (continued first, so a stopped one can die)."""
-        for proc in self.everything:
-            if proc.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.popen.send_signal(signal.SIGCONT)
-                    proc.popen.kill()
-        for proc in self.everything:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(10)
+        processes.reap(self.everything, timeout=10)
 
     def log_tail(self, name: str, lines: int = 20) -> str:
-        count = self.starts.get(name, 0)
-        path = self.logs / f"{name.replace('/', '-')}-{count}.log"
+        path = self._log_path(name, self.starts.get(name, 0))
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _log_path(self, name: str, count: int) -> Path:
+        return self.logs / f"{name.replace('/', '-')}-{count}.log"
 
 
 class ControllerTail:

@@ -48,8 +48,8 @@ from parkway.protocol.messages import (
 )
 from parkway.protocol.signing import SENDER_HEADER
 
-from tests.actors.helpers import SECRET, raw_request, signed_raw
-from tests.waiting import until
+from tests.support.signed import SECRET, raw_request, signed_raw
+from tests.support.waiting import until
 
 RUN = "bad"
 

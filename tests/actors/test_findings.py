@@ -3,7 +3,8 @@ here, one test each; docs/protocol.md#invariants states the rules they break.
 
 Findings covered elsewhere: a row waiting behind the closed gate is not running
 (``tests/protocol/test_ledger.py``), one failed row does not end its group's stream
-(``test_workload.py``), a lost resume costs seconds (``test_participant.py``), a crash test that passes
+(``tests/actors/launch/test_workload.py``), a lost resume costs seconds
+(``tests/actors/runtime/test_participant.py``), a crash test that passes
 although the episode started over (``tests/integration/test_crash_recovery.py`` asserts how many
 rollouts continued and how few turns were generated again).
 """
@@ -19,7 +20,7 @@ from parkway.actors.runtime.participant import ParkReport
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.snapshot import episode_mismatch
 
-from tests.actors.helpers import embedded_run
+from tests.support.embedded import embedded_run
 
 BASE = {
     "run": "findings",

@@ -54,11 +54,10 @@ from parkway.protocol.messages import (
     ToolCall,
     ToolResult,
 )
-from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
 
-from tests.actors.helpers import SECRET
-from tests.fuzz import REFUSALS, Fuzzed, fuzzed
-from tests.waiting import until
+from tests.support.fuzz import REFUSALS, Fuzzed, envelope_of, fuzzed
+from tests.support.signed import SECRET
+from tests.support.waiting import until
 
 RUN = "fuzz"
 EXAMPLES = int(os.environ.get("PARKWAY_FUZZ_EXAMPLES", "1000"))
@@ -73,21 +72,6 @@ CONFIG = {
     "trainer": {"batch_groups": 1, "checkpoint_every": 1},  # each train step takes a snapshot
     "snapshot_interval_s": 0.02,
 }
-
-
-def envelope_of(item: Fuzzed, run: str, secret: bytes) -> Envelope:
-    """The delivery as its (hostile) sender would publish it."""
-    headers = {SENDER_HEADER: "fuzz/0"}
-    if item.signing != "none":
-        headers[SIGNATURE_HEADER] = sign(
-            b"not-the-secret" if item.signing == "wrong_secret" else secret,
-            run="another-run" if item.signing == "other_run" else run,
-            sender="fuzz/0",
-            correlation_id=item.correlation_id,
-            content_type=item.content_type,
-            body=item.body,
-        )
-    return Envelope(item.body, item.content_type, item.correlation_id, headers)
 
 
 class Cluster:

@@ -17,7 +17,8 @@ from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
-from tests.actors.helpers import SECRET, embedded_run
+from tests.support.embedded import embedded_run
+from tests.support.signed import SECRET
 
 BASE = {
     "run": "rec",

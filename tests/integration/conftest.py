@@ -1,3 +1,6 @@
+"""Fixtures of the whole-system tests: actor processes of this test's run on the real RabbitMQ, and a
+client to talk to them."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
@@ -7,22 +10,18 @@ import pytest
 from parkway.actors.runtime.client import Client
 from parkway.brokers.rabbitmq import RabbitBroker
 
-from tests.integration.processes import SECRET, ActorProcess
-
-pytestmark = pytest.mark.rabbitmq
+from tests.support.processes import SECRET, Process, start_actor_process
 
 
 @pytest.fixture
 async def spawn(
-    amqp_url: str, run_name: str, tmp_path: Path, rabbit_cleanup
-) -> AsyncIterator[Callable[..., ActorProcess]]:
-    """Start actor processes for this test's run; every one is killed and the run deleted afterwards."""
-    started: list[ActorProcess] = []
+    amqp_url: str, run_name: str, tmp_path: Path, rabbit_cleanup: Callable[[str, list[str]], None]
+) -> AsyncIterator[Callable[..., Process]]:
+    """Start actor processes for this test's run; every one is stopped and the run deleted afterwards."""
+    started: list[Process] = []
 
-    def start(role: str, replica: int = 0, args: tuple[str, ...] = (), **env: str) -> ActorProcess:
-        actor = ActorProcess(
-            role, replica, amqp_url, run_name, tmp_path / "state", extra_env=env, extra_args=args
-        ).start()
+    def start(role: str, replica: int = 0, args: tuple[str, ...] = (), **env: str) -> Process:
+        actor = start_actor_process(role, replica, amqp_url, run_name, tmp_path / "state", args=args, **env)
         started.append(actor)
         rabbit_cleanup(run_name, sorted({a.address for a in started} | {"controller/0"}))
         return actor

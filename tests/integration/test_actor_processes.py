@@ -10,8 +10,8 @@ import pytest
 from parkway.actors.runtime.client import Client
 from parkway.protocol.messages import Probe, ProbeResult
 
-from tests.integration.processes import status_of, wait_handling, wait_ready
-from tests.waiting import until
+from tests.support.processes import status_of, wait_handling, wait_ready
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 

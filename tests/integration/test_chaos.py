@@ -12,7 +12,6 @@ in each.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 from parkway.actors.chaos.nemesis import Options, run_chaos
 from parkway.actors.chaos.schedule import ActorPoint, FaultKind, TimedFault, WorkloadPlan, quick_matrix
+from parkway.actors.launch.processes import clean_environment
 from parkway.actors.launch.rabbit_node import rabbitmq_bin
 from parkway.actors.runtime.history import read_history
 from parkway.protocol.history import Receipt, ReplicaRestarted
@@ -31,7 +31,7 @@ SEED = 1
 
 def test_a_short_seeded_chaos_schedule_passes_the_history_checker(tmp_path: Path) -> None:
     assert rabbitmq_bin() is not None, "the chaos test owns a RabbitMQ node: it needs RabbitMQ's scripts"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    env = clean_environment()
     command = ["chaos", "--seed", str(SEED), "--json", "--quiet", "--workdir", str(tmp_path / "chaos")]
     done = subprocess.run(
         [sys.executable, "-m", "parkway.actors", *command],

@@ -11,21 +11,10 @@ import time
 import pytest
 from parkway.protocol.messages import Abort, Prepare
 
-from tests.integration.processes import actor_env, wait_ready
+from tests.support.cli import parkway
+from tests.support.processes import actor_env, run_variables, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
-
-
-def parkway(
-    args: list[str], run: str, tmp_path, url: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "parkway.actors", *args],
-        env=actor_env(run, tmp_path / "cli", PARKWAY_BROKER_URL=url),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 async def test_publish_prints_the_typed_reply(spawn, client, amqp_url, run_name, tmp_path) -> None:
@@ -33,47 +22,55 @@ async def test_publish_prints_the_typed_reply(spawn, client, amqp_url, run_name,
     await wait_ready(client, actor)
     prepared = await asyncio.to_thread(
         parkway,
-        ["publish", "prepare", "--checkpoint-id", "cli-1", "--to", "policy/0"],
-        run_name,
-        tmp_path,
-        amqp_url,
+        "publish",
+        "prepare",
+        "--checkpoint-id",
+        "cli-1",
+        "--to",
+        "policy/0",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     assert prepared.returncode == 0, prepared.stderr
     assert json.loads(prepared.stdout)["type"] == "Prepared"
     conflict = await asyncio.to_thread(
         parkway,
-        ["publish", "prepare", "--checkpoint-id", "cli-2", "--to", "policy/0", "--json-body"],
-        run_name,
-        tmp_path,
-        amqp_url,
+        "publish",
+        "prepare",
+        "--checkpoint-id",
+        "cli-2",
+        "--to",
+        "policy/0",
+        "--json-body",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     assert conflict.returncode == 1
     assert json.loads(conflict.stdout)["code"] == "checkpoint_conflict"
     bad = await asyncio.to_thread(
         parkway,
-        [
-            "publish",
-            "abort",
-            "--checkpoint-id",
-            "cli-1",
-            "--to",
-            "policy/0",
-            "--set",
-            "reason=x",
-            "--set",
-            "bogus=2",
-        ],
-        run_name,
-        tmp_path,
-        amqp_url,
+        "publish",
+        "abort",
+        "--checkpoint-id",
+        "cli-1",
+        "--to",
+        "policy/0",
+        "--set",
+        "reason=x",
+        "--set",
+        "bogus=2",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     assert bad.returncode == 2 and "unknown field `bogus`" in bad.stderr
     aborted = await asyncio.to_thread(
         parkway,
-        ["publish", "abort", "--checkpoint-id", "cli-1", "--to", "policy/0", "--set", "reason=by hand"],
-        run_name,
-        tmp_path,
-        amqp_url,
+        "publish",
+        "abort",
+        "--checkpoint-id",
+        "cli-1",
+        "--to",
+        "policy/0",
+        "--set",
+        "reason=by hand",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     assert json.loads(aborted.stdout) == {"type": "Ok", "v": 1, "detail": "aborted in phase prepared"}
 
@@ -84,10 +81,13 @@ async def test_status_lists_each_actor(spawn, client, amqp_url, run_name, tmp_pa
         await wait_ready(client, actor)
     result = await asyncio.to_thread(
         parkway,
-        ["status", "--topology", "agent=2,tq=1", "--json", "--timeout", "2"],
-        run_name,
-        tmp_path,
-        amqp_url,
+        "status",
+        "--topology",
+        "agent=2,tq=1",
+        "--json",
+        "--timeout",
+        "2",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     rows = {row["address"]: row for row in json.loads(result.stdout)}
     assert rows["agent/0"]["pid"] == actors[0].pid and rows["agent/1"]["pid"] == actors[1].pid
@@ -112,7 +112,14 @@ async def test_status_finds_actors_by_heartbeat_and_shows_a_dead_ones_last_beat(
     agent.kill()  # SIGKILL: no goodbye, only its heartbeats remain on the stream
     # The topology names neither actor: both are found by their heartbeats.
     result = await asyncio.to_thread(
-        parkway, ["status", "--topology", "tq=0", "--json", "--timeout", "1"], run_name, tmp_path, amqp_url
+        parkway,
+        "status",
+        "--topology",
+        "tq=0",
+        "--json",
+        "--timeout",
+        "1",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     rows = {row["address"]: row for row in json.loads(result.stdout)}
     assert set(rows) == {"policy/0", "agent/3"}, rows
@@ -122,7 +129,13 @@ async def test_status_finds_actors_by_heartbeat_and_shows_a_dead_ones_last_beat(
     assert not dead["reachable"] and dead["pid"] == dead_pid and dead["heard_at"] <= time.time()
     assert result.returncode == 1
     table = await asyncio.to_thread(
-        parkway, ["status", "--topology", "tq=0", "--timeout", "1"], run_name, tmp_path, amqp_url
+        parkway,
+        "status",
+        "--topology",
+        "tq=0",
+        "--timeout",
+        "1",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     lines = table.stdout.splitlines()
     assert lines[0].split()[:4] == ["ROLE", "REPLICA", "PHASE", "CHECKPOINT"]
@@ -142,10 +155,13 @@ async def test_logs_of_one_checkpoint_from_two_processes(spawn, client, amqp_url
             await client.call(address, Abort(checkpoint_id=cid, deadline=time.time() + 10))
     result = await asyncio.to_thread(
         parkway,
-        ["logs", "--checkpoint-id", "wanted-1", "--json", "--idle", "2"],
-        run_name,
-        tmp_path,
-        amqp_url,
+        "logs",
+        "--checkpoint-id",
+        "wanted-1",
+        "--json",
+        "--idle",
+        "2",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
@@ -156,20 +172,27 @@ async def test_logs_of_one_checkpoint_from_two_processes(spawn, client, amqp_url
     }
     readable = await asyncio.to_thread(
         parkway,
-        ["logs", "--checkpoint-id", "wanted-1", "--actor", "tq/0", "--idle", "2"],
-        run_name,
-        tmp_path,
-        amqp_url,
+        "logs",
+        "--checkpoint-id",
+        "wanted-1",
+        "--actor",
+        "tq/0",
+        "--idle",
+        "2",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     lines = readable.stdout.splitlines()
     assert lines and all(" tq/0 " in line for line in lines) and any("phase" in line for line in lines)
     # The same lines from the processes' saved log files (their stderr), without the broker.
     saved = await asyncio.to_thread(
         parkway,
-        ["logs", "--checkpoint-id", "wanted-1", "--json", str(agent.log_path), str(tq.log_path)],
-        run_name,
-        tmp_path,
-        "amqp://nowhere.invalid/",
+        "logs",
+        "--checkpoint-id",
+        "wanted-1",
+        "--json",
+        str(agent.log_path),
+        str(tq.log_path),
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL="amqp://nowhere.invalid/"),
     )
     assert saved.returncode == 0, saved.stderr
     from_files = [json.loads(line) for line in saved.stdout.splitlines()]
@@ -178,10 +201,14 @@ async def test_logs_of_one_checkpoint_from_two_processes(spawn, client, amqp_url
     )
     by_event = await asyncio.to_thread(
         parkway,
-        ["logs", "--event", "phase", "--actor", "agent/0", str(agent.log_path), str(tq.log_path)],
-        run_name,
-        tmp_path,
-        "amqp://nowhere.invalid/",
+        "logs",
+        "--event",
+        "phase",
+        "--actor",
+        "agent/0",
+        str(agent.log_path),
+        str(tq.log_path),
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL="amqp://nowhere.invalid/"),
     )
     assert by_event.returncode == 0
     phases = by_event.stdout.splitlines()

@@ -16,8 +16,8 @@ import pytest
 from parkway.brokers.base import Envelope
 from parkway.protocol.signing import SENDER_HEADER
 
-from tests.integration.processes import actor_env, wait_ready
-from tests.integration.test_cli import parkway
+from tests.support.cli import parkway
+from tests.support.processes import actor_env, run_variables, status_of, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -48,7 +48,12 @@ async def test_up_on_the_real_broker_serves_every_actor_until_sigterm(
             line.startswith("agent ") for line in lines
         )
         status = await asyncio.to_thread(
-            parkway, ["status", "--topology", "tq=1,agent=1", "--json"], run_name, tmp_path, amqp_url
+            parkway,
+            "status",
+            "--topology",
+            "tq=1,agent=1",
+            "--json",
+            **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
         )
         rows = {row["address"]: row for row in json.loads(status.stdout)}
         assert rows["tq/0"]["pid"] == rows["agent/0"]["pid"] == up.pid  # one process hosts both
@@ -76,7 +81,11 @@ async def test_dead_letters_shows_what_an_actor_refused(spawn, client, amqp_url,
 
     async def read() -> bool:
         result = await asyncio.to_thread(
-            parkway, ["dead-letters", "--limit", "10"], run_name, tmp_path, amqp_url
+            parkway,
+            "dead-letters",
+            "--limit",
+            "10",
+            **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
         )
         assert result.returncode == 0, result.stderr
         letters.extend(json.loads(line) for line in result.stdout.splitlines())
@@ -88,7 +97,9 @@ async def test_dead_letters_shows_what_an_actor_refused(spawn, client, amqp_url,
     [letter] = [letter for letter in letters if letter["correlation_id"] == "bad-1"]
     assert letter["code"] == "unauthorized" and letter["origin"] == "tq/0"
     assert letter["sender"] == "mallory/0" and letter["bytes"] == len(garbage.body)
-    again = await asyncio.to_thread(parkway, ["dead-letters"], run_name, tmp_path, amqp_url)
+    again = await asyncio.to_thread(
+        parkway, "dead-letters", **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url)
+    )
     assert "bad-1" not in again.stdout  # taken off the queue, not just peeked at
 
 
@@ -179,8 +190,6 @@ async def test_snapshot_asks_a_running_workload_for_a_snapshot_now(
         agent = actors[-1]
 
         async def agent_busy() -> bool:
-            from tests.integration.processes import status_of
-
             return (await status_of(client, agent.address)).in_flight > 0
 
         async with asyncio.timeout(60):
@@ -199,10 +208,12 @@ async def test_snapshot_asks_a_running_workload_for_a_snapshot_now(
         try:
             taken = await asyncio.to_thread(
                 parkway,
-                ["snapshot", "--checkpoint-id", "live-snap-1", "--timeout", "30"],
-                run_name,
-                tmp_path,
-                amqp_url,
+                "snapshot",
+                "--checkpoint-id",
+                "live-snap-1",
+                "--timeout",
+                "30",
+                **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
             )
             assert taken.returncode == 0, taken.stdout + taken.stderr
             reply = json.loads(taken.stdout)

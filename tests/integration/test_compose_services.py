@@ -14,14 +14,16 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from parkway.actors.launch import processes as launch
+from parkway.actors.launch.processes import Process, clean_environment
 
-from tests.integration.processes import SECRET, wait_ready
-from tests.test_compose import ROOT, compose, example_env
-from tests.waiting import until
+from tests.support.compose import compose, example_env
+from tests.support.paths import ROOT
+from tests.support.processes import SECRET, wait_ready
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -36,15 +38,13 @@ def service_commands() -> dict[str, tuple[list[str], dict[str, str]]]:
 
 
 def as_process(command: list[str]) -> list[str]:
+    """The service's ``parkway`` arguments, with the image's /app as this checkout."""
     assert command[0] == "parkway"
-    args = [arg.replace("/app/", f"{ROOT}/") for arg in command[1:]]
-    return [sys.executable, "-m", "parkway.actors", *args]
+    return [arg.replace("/app/", f"{ROOT}/") for arg in command[1:]]
 
 
 def service_env(environment: dict[str, str], *, url: str, run: str, state: Path) -> dict[str, str]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARKWAY_")}
+    env = clean_environment()
     env.update(environment)
     env.update(
         PARKWAY_BROKER_URL=url,
@@ -66,18 +66,22 @@ async def test_the_compose_services_run_the_workload_and_a_killed_controller_res
     logs = tmp_path / "logs"
     logs.mkdir()
     processes: dict[str, subprocess.Popen[str]] = {}
+    launched: dict[str, Process] = {}
 
     def start(name: str) -> subprocess.Popen[str]:
         command, environment = services[name]
-        process = subprocess.Popen(
+        key = f"{name}-{len(processes)}"
+        process = launch.start(
             as_process(command),
             env=service_env(environment, url=amqp_url, run=run_name, state=state),
+            name=key,
             stdout=subprocess.PIPE if name == "controller" else subprocess.DEVNULL,
-            stderr=open(logs / f"{name}-{len(processes)}.log", "w"),  # noqa: SIM115 - the child owns it
+            stderr=logs / f"{key}.log",
             text=True,
         )
-        processes[f"{name}-{len(processes)}"] = process
-        return process
+        launched[key] = process
+        processes[key] = process.popen
+        return process.popen
 
     try:
         actors = [name for name in services if name not in ("controller", "prometheus")]
@@ -93,8 +97,7 @@ async def test_the_compose_services_run_the_workload_and_a_killed_controller_res
             "agent-1": "agent/1",
         }
         for index, name in enumerate(actors):
-            service = _Service(addresses[name], processes[f"{name}-{index}"], logs / f"{name}-{index}.log")
-            await wait_ready(client, service, timeout=60)  # type: ignore[arg-type]
+            await wait_ready(client, launched[f"{name}-{index}"], address=addresses[name], timeout=60)
 
         first = start("controller")
         snapshots = state / "snapshots" / run_name
@@ -123,25 +126,4 @@ async def test_the_compose_services_run_the_workload_and_a_killed_controller_res
             if not name.startswith("controller"):
                 assert process.poll() is None, f"{name} died"
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in processes.values():
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-
-
-class _Service:
-    """What ``wait_ready`` needs of a service process: its address, process and log."""
-
-    def __init__(self, address: str, proc: subprocess.Popen[str], log_path: Path) -> None:
-        self.address, self.proc, self.log_path = address, proc, log_path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_text(self) -> str:
-        return self.log_path.read_text()
+        launch.stop_all(launched.values(), grace=20)

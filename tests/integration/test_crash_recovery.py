@@ -13,67 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import actor_env, embedded_digest, wait_ready
+from tests.support.crash_cluster import CONFIG, ROLES, cluster, reference_digest, start_driver
+from tests.support.processes import wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
-
-CONFIG = """
-run: crash
-seed: 21
-rollout: {group_size: 3, max_turns: 6}
-tasks: {builtin: bank, limit: 2}
-policy: {host: inline, per_token_delay_s: 0.004}
-topology: {agents: 2, resources: 2}
-trainer: {batch_groups: 1}
-recovery: {target_level: turn}
-snapshot_interval_s: 0.3
-prepare_timeout_s: 10
-"""
-ROLES = [("tq", 0), ("policy", 0), ("resources", 0), ("resources", 1), ("agent", 0), ("agent", 1)]
-
-
-async def reference_digest(config_path: Path, tmp_path: Path) -> str:
-    return await embedded_digest(config_path, tmp_path / "reference")
-
-
-def start_driver(
-    config_path: Path, run_name: str, state: Path, url: str, faults: str = ""
-) -> subprocess.Popen[str]:
-    env = actor_env(run_name, state, PARKWAY_BROKER_URL=url)
-    if faults:
-        env["PARKWAY_FAULTS"] = faults
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "parkway.actors",
-            "run",
-            "--config",
-            str(config_path),
-            "--json",
-            "--log-level",
-            "info",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-async def cluster(spawn, client, config_path: Path, state: Path):
-    actors = [spawn(role, replica, args=("--config", str(config_path))) for role, replica in ROLES]
-    for actor in actors:
-        actor.state_root = state
-    for actor in actors:
-        await wait_ready(client, actor, timeout=60)
-    return actors
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import uuid
 import pika
 import pytest
 
-from tests.integration.processes import SECRET, wait_ready
+from tests.support.processes import SECRET, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 

@@ -55,18 +55,11 @@ from parkway.protocol.messages import (
     ToolResult,
 )
 
-from tests.actors.test_fuzz import envelope_of
-from tests.conftest import AMQP_URL, delete_run, rabbitmq_reachable
-from tests.fuzz import REFUSALS, Fuzzed, fuzzed
-from tests.integration.processes import (
-    SECRET,
-    ActorProcess,
-    actor_env,
-    embedded_digest,
-    status_of,
-    wait_ready,
-)
-from tests.waiting import until
+from tests.support.embedded import embedded_digest
+from tests.support.fuzz import REFUSALS, Fuzzed, envelope_of, fuzzed
+from tests.support.processes import SECRET, actor_env, start_actor_process, status_of, wait_ready
+from tests.support.rabbit import AMQP_URL, delete_run, rabbitmq_reachable
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -93,14 +86,9 @@ class Cluster:
         self.config.write_text(CONFIG)
         self.state = root / "state"
         self.processes = {
-            address: ActorProcess(
-                address.split("/")[0],
-                0,
-                AMQP_URL,
-                self.run,
-                self.state,
-                extra_args=("--config", str(self.config)),
-            ).start()
+            address: start_actor_process(
+                address.split("/")[0], 0, AMQP_URL, self.run, self.state, args=("--config", str(self.config))
+            )
             for address in TARGETS
         }
         self.runner = asyncio.Runner()
@@ -223,7 +211,7 @@ def test_every_process_survived_settled_everything_and_answered_every_refusal(cl
                 isinstance(error, Error) and error.code.value == letter.code and error.detail == letter.detail
             )
         for address, process in cluster.processes.items():
-            assert process.proc is not None and process.proc.poll() is None, process.log_text()[-3000:]
+            assert process.alive(), process.log_text()[-3000:]
             assert (await status_of(cluster.client, address)).pid == cluster.pids[address]
 
     cluster.runner.run(check())
@@ -337,4 +325,4 @@ def test_then_every_process_does_real_work(cluster: Cluster) -> None:
     reference = cluster.runner.run(embedded_digest(cluster.config, cluster.root / "reference"))
     assert summary["transcripts_sha256"] == reference
     for address in TARGETS[1:]:
-        assert cluster.processes[address].proc.poll() is None  # type: ignore[union-attr]
+        assert cluster.processes[address].alive()

@@ -14,8 +14,9 @@ from parkway.actors.runtime.client import Client
 from parkway.protocol.messages import Probe, ProbeResult
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.processes import wait_ready
-from tests.waiting import until
+from tests.support.processes import wait_ready
+from tests.support.rabbit import connection_pid
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -57,23 +58,6 @@ async def test_an_actor_process_serves_its_metrics(spawn, client: Client) -> Non
     assert sample(after, "parkway_errors_total", **tq, code="invalid_message") == 0
     assert sample(after, "parkway_phase_seconds_count", **tq, phase="preparing") == 0
     assert sample(after, "parkway_broker_reconnects_total") == 0
-
-
-def connection_pid(name: str) -> str | None:
-    """RabbitMQ's id of the client connection named ``name`` (its ``connection_name`` property), in the
-    form ``close_connection`` takes (the table's, not the JSON formatter's)."""
-    listing = subprocess.run(
-        ["rabbitmqctl", "list_connections", "pid", "client_properties", "--quiet", "--no-table-headers"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    for line in listing.stdout.splitlines():
-        pid, _, properties = line.partition("\t")
-        if f'{{"connection_name","{name}"}}' in properties:
-            return pid
-    return None
 
 
 @pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl of the local RabbitMQ")

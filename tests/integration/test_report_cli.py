@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from tests.integration.processes import actor_env
-from tests.integration.test_crash_recovery import CONFIG, cluster, start_driver
+from tests.support.crash_cluster import CONFIG, cluster, start_driver
+from tests.support.processes import actor_env
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 

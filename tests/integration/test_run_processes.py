@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.integration.processes import actor_env, embedded_digest, wait_ready
+from tests.support.embedded import embedded_digest
+from tests.support.processes import actor_env, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 

@@ -8,27 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.processes import actor_env, run_driver, wait_ready
-from tests.integration.test_crash_recovery import CONFIG, ROLES  # the same cluster and workload
+from tests.support.cli import parkway
+from tests.support.crash_cluster import CONFIG, ROLES  # the same cluster and workload
+from tests.support.processes import run_driver, run_variables, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
-
-
-def parkway(*args: str, run: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "parkway.actors", *args],
-        env=actor_env(run, state, **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 async def cluster(spawn, client, config: Path) -> list[Any]:
@@ -55,7 +44,7 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
     assert list(manifests) == ["snapshot_1", "snapshot_2"]
 
     # What is on disk, as the manifests say, and the newest is what a restore starts from.
-    listed = parkway("snapshots", "list", "--config", str(config), "--json", run=run_name, state=state)
+    listed = parkway("snapshots", "list", "--config", str(config), "--json", **run_variables(run_name, state))
     assert listed.returncode == 0, listed.stderr
     inventory = json.loads(listed.stdout)
     assert inventory["run"] == run_name and inventory["completed"] is False
@@ -68,7 +57,7 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
     assert inventory["restore"]["snapshot"] == "snapshot_2"
     assert manifests["snapshot_2"]["episodes"], "the snapshot must catch rollouts mid-flight"
 
-    table = parkway("snapshots", "list", run=run_name, state=state)
+    table = parkway("snapshots", "list", **run_variables(run_name, state))
     assert table.returncode == 0, table.stderr
     newest = next(line for line in table.stdout.splitlines() if " snapshot_2 " in f" {line} ")
     assert newest.split()[:5] == [
@@ -79,7 +68,7 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
         str(len(manifests["snapshot_2"]["episodes"])),
     ]
 
-    verified = parkway("snapshots", "verify", run=run_name, state=state)
+    verified = parkway("snapshots", "verify", **run_variables(run_name, state))
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.splitlines()[-1] == "2 of 2 snapshot(s) verify"
 
@@ -93,7 +82,7 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
         for e in manifests["snapshot_2"]["files"]
         if e["path"] == "participants/agent/0/rollouts.msgpack"
     ]
-    bad = parkway("snapshots", "verify", run=run_name, state=state)
+    bad = parkway("snapshots", "verify", **run_variables(run_name, state))
     assert bad.returncode == 1
     assert bad.stdout.splitlines()[1:] == [
         "snapshot_2: participants/agent/0/rollouts.msgpack does not match its sha256: the manifest says "
@@ -101,7 +90,9 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
         "1 of 2 snapshot(s) verify; 1 do not",
     ]
     inventory = json.loads(
-        parkway("snapshots", "list", "--config", str(config), "--json", run=run_name, state=state).stdout
+        parkway(
+            "snapshots", "list", "--config", str(config), "--json", **run_variables(run_name, state)
+        ).stdout
     )
     predicted = inventory["restore"]["snapshot"]
     assert predicted == "snapshot_1"
@@ -117,5 +108,5 @@ async def test_the_cli_reads_what_a_killed_cluster_left(spawn, client, amqp_url,
     summary = json.loads(out)
     assert summary["restores"] == 1 and summary["rollouts_restored"] == len(manifests[predicted]["episodes"])
 
-    after = json.loads(parkway("snapshots", "list", "--json", run=run_name, state=state).stdout)
+    after = json.loads(parkway("snapshots", "list", "--json", **run_variables(run_name, state)).stdout)
     assert after["completed"] is True and after["restore"]["snapshot"] is None

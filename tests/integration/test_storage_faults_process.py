@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.processes import embedded_digest, run_driver, status_of, wait_ready
+from tests.support.embedded import embedded_digest
+from tests.support.processes import run_driver, status_of, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 

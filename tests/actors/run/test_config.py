@@ -1,0 +1,89 @@
+"""The run configuration: typed, strict, overridable from the environment, checked across fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from parkway.actors.run.config import ConfigError, RunConfig, from_dict, load
+from parkway.actors.run.tasks import TasksConfig, load_tasks
+
+from tests.support.paths import ROOT
+
+
+def test_defaults_mirror_nemo_keys() -> None:
+    config = from_dict({})
+    assert (config.max_consecutive_failures, config.keep_latest_k, config.restore_mode) == (3, 2, "latest")
+    assert config.recovery.default_granularity == "sibling"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"rollout": {"gruop_size": 3}}, "rollout.gruop_size: unknown key"),
+        ({"bogus": 1}, "bogus: unknown key"),
+        ({"policy": {"engine": "gpt"}}, "policy.engine"),
+        ({"rollout": {"group_size": "three"}}, "rollout.group_size: Expected `int`, got `str`"),
+        ({"rollout": {"group_size": 0}}, "rollout.group_size: must be >= 1"),
+        ({"recovery": {"target_level": "prefix"}}, "prefix needs a policy engine that can cut"),
+        (
+            {"recovery": {"target_level": "sibling", "allow_restart_only": True}},
+            "recovery.allow_restart_only",
+        ),
+        ({"faults": {"fail_attempts": ["nonsense"]}}, "is not ROLLOUT@ATTEMPT:TURN"),
+        ({"faults": {"failure_rate": 1.5}}, "faults.failure_rate"),
+        ({"resources": {"tool_delay_s": -1}}, "resources.tool_delay_s: must be >= 0"),
+        ({"run": "Bad Name"}, "run: 'Bad Name'"),
+    ],
+)
+def test_bad_configs_name_the_key(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_dict(data)
+    assert message in str(info.value)
+
+
+def test_environment_overrides_win_over_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout:\n  group_size: 2\nrecovery:\n  default_granularity: sibling\n")
+    config = load(
+        path,
+        environ={
+            "PARKWAY_CFG__ROLLOUT__GROUP_SIZE": "5",
+            "PARKWAY_CFG__RECOVERY__DEFAULT_GRANULARITY": "prompt_group",
+            "OTHER": "x",
+        },
+    )
+    assert config.rollout.group_size == 5 and config.recovery.default_granularity == "prompt_group"
+    with pytest.raises(ConfigError, match=r"rollout\.nope: unknown key"):
+        load(path, environ={"PARKWAY_CFG__ROLLOUT__NOPE": "1"})
+
+
+def test_file_errors_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="No such file"):
+        load(tmp_path / "missing.yaml", environ={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load(bad, environ={})
+
+
+@pytest.mark.parametrize("name", ["quickstart", "live-failures", "from-file"])
+def test_shipped_examples_load(name: str) -> None:
+    path = ROOT / "examples" / f"{name}.yaml"
+    config = load(path, environ={})
+    assert isinstance(config, RunConfig)
+    assert load_tasks(config.tasks, base=path.parent)
+
+
+def test_tasks_from_jsonl_and_bad_lines(tmp_path: Path) -> None:
+    good = tmp_path / "t.jsonl"
+    good.write_text(
+        '{"env": "bank", "prompt": "pay"}\n\n{"env": "counter", "prompt": "count", "max_turns": 2}\n'
+    )
+    tasks = load_tasks(TasksConfig(path=str(good)))
+    assert [(t.env, t.max_turns) for t in tasks] == [("bank", None), ("counter", 2)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"env": "bank", "prompt": "pay"}\n{"env": "bank"}\n')
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
+        load_tasks(TasksConfig(path=str(bad)))
+    assert len(load_tasks(TasksConfig(builtin="mixed", limit=4))) == 4

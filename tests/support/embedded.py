@@ -1,0 +1,81 @@
+"""Whole runs embedded on the in-memory broker: one workload on a fresh cluster (a fresh "machine" each
+call), the crashed run whose snapshots several tests read, and the digest an uncrashed run reaches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.support.signed import SECRET
+
+
+async def embedded_run(
+    data: dict[str, Any],
+    state: Path,
+    *,
+    snapshots: bool = True,
+    stop_after: int | None = None,
+    trainer: Any = None,
+) -> Any:
+    """One workload of configuration ``data`` on a fresh in-memory cluster (a fresh "machine" each call)."""
+    from parkway.actors.launch.workload import run_workload
+    from parkway.actors.run.config import from_dict
+    from parkway.actors.run.tasks import load_tasks
+    from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+    config = from_dict(data)
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        return await run_workload(
+            broker,
+            SECRET,
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=state,
+            snapshots=snapshots,
+            stop_after_snapshots=stop_after,
+            trainer=trainer,
+        )
+
+
+SNAPSHOT_RUN: dict[str, Any] = {
+    "run": "snaps",
+    "seed": 3,
+    "policy": {"host": "inline", "per_token_delay_s": 0.0003},
+    "tasks": {"builtin": "bank", "limit": 3},
+    "rollout": {"group_size": 3, "max_turns": 6},
+    "snapshot_interval_s": 0.05,
+}
+
+
+async def crashed_run(state: Path, published: int = 2) -> Path:
+    """The run directory of ``SNAPSHOT_RUN`` stopped dead right after its ``published``-th snapshot:
+    real snapshots on disk, no COMPLETED marker."""
+    from parkway.actors.roles.controller.controller import SimulatedCrash
+
+    try:
+        await embedded_run(SNAPSHOT_RUN, state, stop_after=published)
+    except SimulatedCrash:
+        return state / "snapshots" / SNAPSHOT_RUN["run"]
+    raise AssertionError("the run finished before its snapshots were published")
+
+
+async def embedded_digest(config_path: Path, state: Path) -> str:
+    """The transcripts digest of the same configuration run embedded, uncrashed, without snapshots."""
+    from parkway.actors.launch.workload import run_workload
+    from parkway.actors.run.config import load
+    from parkway.actors.run.tasks import load_tasks
+    from parkway.brokers.memory import MemoryBroker, MemoryHub
+
+    config = load(config_path, environ={})
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        summary = await run_workload(
+            broker,
+            b"embedded",
+            config,
+            load_tasks(config.tasks),
+            embedded=True,
+            state_root=state,
+            snapshots=False,
+        )
+    return summary.transcripts_sha256
