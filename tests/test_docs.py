@@ -352,6 +352,7 @@ def test_links_between_pages_land() -> None:
                 assert anchor in anchors(path), f"{page} links to {target}#{anchor}: no such heading"
 
 
+@pytest.mark.slow  # runs mkdocs as a process
 def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
     mkdocs = shutil.which("mkdocs")
     assert mkdocs, "mkdocs is not installed: it is in the dev extra (pip install -e '.[dev]')"
