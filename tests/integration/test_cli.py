@@ -256,3 +256,24 @@ async def test_logs_follow_a_live_checkpoint(spawn, client, amqp_url, run_name, 
         follower.kill()
         follower.wait(10)
     assert seen == {"agent/0", "tq/0"}
+
+
+async def test_publish_with_the_wrong_secret_says_so(spawn, client, amqp_url, run_name, tmp_path) -> None:
+    """The actor refuses it and answers, signed with the run's secret; the CLI cannot verify that answer
+    with its own (wrong) one: a message naming why, exit 2, no traceback."""
+    actor = spawn("tq")
+    await wait_ready(client, actor)
+    wrong = await asyncio.to_thread(
+        parkway,
+        "publish",
+        "status",
+        "--to",
+        "tq/0",
+        **{
+            **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
+            "PARKWAY_SECRET": "not-it",
+        },
+    )
+    assert wrong.returncode == 2, wrong.stderr
+    assert "does not verify" in wrong.stderr and "wrong secret" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
