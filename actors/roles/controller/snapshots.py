@@ -289,7 +289,13 @@ class SnapshotCoordinator:
             for address in addresses:
                 reply = await self._request(address, abort)
                 if isinstance(reply, Error):
-                    raise SnapshotFailure("abort_orphan", f"{address}: {reply.code.value}: {reply.detail}")
+                    # Nothing retries a start: the run ends here either way. Transient says whether
+                    # starting again may help (the participant's refusal is retryable) or not.
+                    raise SnapshotFailure(
+                        "abort_orphan",
+                        f"{address}: {reply.code.value}: {reply.detail}",
+                        transient=reply.retryable,
+                    )
         return sorted(orphans)
 
     # -- save ------------------------------------------------------------------------------------------
