@@ -32,7 +32,7 @@ import uuid
 from typing import Any
 
 import cluster
-from parkway.actors.roles.controller.snapshots import percentiles
+from parkway.actors.roles.controller.metrics import percentiles
 
 STEPS = ("prepare", "commit", "capture", "validate", "publish", "resume")
 

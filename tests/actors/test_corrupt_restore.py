@@ -21,8 +21,8 @@ import pytest
 import structlog
 import yaml
 from parkway.actors.roles.controller.controller import RunSummary
-from parkway.actors.roles.controller.snapshots import NoValidSnapshot
 from parkway.actors.storage.inventory import inventory
+from parkway.actors.storage.select import NoValidSnapshot
 
 from tests.actors.helpers import SNAPSHOT_RUN, crashed_run, embedded_run
 
