@@ -37,9 +37,6 @@ class AckOutbox:
         if replica is not None:
             self._pending[replica].append(AttemptRef(rollout_id=key[0], attempt=key[1]))
 
-    def __bool__(self) -> bool:
-        return bool(self._pending)
-
     async def flush(self) -> None:
         """One Ack per agent replica for every receipt pending: batched, and a repeat is harmless."""
         pending, self._pending = self._pending, defaultdict(list)

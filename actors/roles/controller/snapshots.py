@@ -18,7 +18,7 @@ from parkway.actors.roles.controller.participants import Participants
 from parkway.actors.roles.controller.restore import RestoreSequence
 from parkway.actors.roles.controller.save import Published, SaveOutcome, SaveSequence
 from parkway.actors.run.config import RunConfig
-from parkway.actors.storage.runs import RunDirectory, newest_trainer_step
+from parkway.actors.storage.runs import RunDirectory
 from parkway.actors.storage.select import NoValidSnapshot, SnapshotInvalid
 from parkway.actors.storage.trainer import write_trainer_checkpoint
 from parkway.protocol.anchor import ControllerAnchor
@@ -41,10 +41,6 @@ class SnapshotCoordinator:
         self.restorer = RestoreSequence(
             host, config, self.run, participants, self.metrics, self.saver, self.config_fingerprint
         )
-
-    @property
-    def run_dir(self) -> Path:
-        return self.run.path
 
     @property
     def on_published(self) -> Callable[[Published], None] | None:
@@ -78,17 +74,10 @@ class SnapshotCoordinator:
             ) from failure
 
     # -- trainer checkpoints -----------------------------------------------------------------------
-    @property
-    def trainer_dir(self) -> Path:
-        return self.run.trainer_dir
-
     def write_trainer_checkpoint(self, step: int, *, anchor: ControllerAnchor, state: dict[str, Any]) -> None:
         """The fallback marker (what the trainer consumed so far) and the trainer's state, both durable,
         before the snapshot attempt anchored at this step."""
         write_trainer_checkpoint(self.run, step, anchor=anchor, state=state)
-
-    def newest_trainer_checkpoint(self) -> int | None:
-        return newest_trainer_step(self.run.path)
 
     def mark_completed(self) -> None:
         """A finished run leaves a marker: starting the same run again starts it afresh."""
