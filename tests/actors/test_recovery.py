@@ -201,3 +201,40 @@ async def test_an_orphaned_checkpoint_whose_abort_is_refused_fails_the_start_by_
     assert failed.value.step == "abort_orphan"
     assert failed.value.detail == f"policy/0: {code}: the disk under the snapshot root is read-only"
     assert failed.value.transient is (code == "unavailable")  # only unavailable is retryable
+
+
+async def test_the_save_and_the_restore_walk_their_sequences_in_order(tmp_path: Path, monkeypatch) -> None:
+    # The order, and the stages of each step, are read from protocol/snapshot.py, nowhere else.
+    from parkway.actors.roles.controller import restore, save
+    from parkway.protocol.snapshot import RESTORE_SEQUENCE, SAVE_SEQUENCE, SaveStep
+
+    ran: list[tuple[str, object, tuple[str, ...]]] = []
+    for table in (save.SAVE_STEPS, restore.RESTORE_STEPS):
+        for name, implementation in list(table.items()):
+
+            async def recorded(self, attempt, stages, name=name, implementation=implementation):  # type: ignore[no-untyped-def]
+                ran.append((getattr(attempt, "checkpoint_id", "restore"), name, stages))
+                await implementation(self, attempt, stages)
+
+            monkeypatch.setitem(table, name, recorded)
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, stop_after=1)
+    until_publish = [(s.name, s.stages) for s in SAVE_SEQUENCE][
+        : [s.name for s in SAVE_SEQUENCE].index(SaveStep.PUBLISH) + 1
+    ]
+    first = [s.name for s in RESTORE_SEQUENCE[:2]]
+    assert [n for who, n, _ in ran if who == "restore"] == first  # nothing on disk: no snapshot selected
+    assert [(n, st) for who, n, st in ran if who != "restore"] == until_publish  # then the crash
+
+    ran.clear()
+    resumed = await run(tmp_path)
+    assert resumed.restores == 1 and resumed.snapshots_published >= 1
+    assert [(n, st) for who, n, st in ran if who == "restore"] == [
+        (s.name, s.stages) for s in RESTORE_SEQUENCE
+    ]
+    published = {who for who, n, _ in ran if n is SaveStep.OPEN_GATE}
+    assert published
+    for checkpoint_id in published:
+        assert [(n, st) for who, n, st in ran if who == checkpoint_id] == [
+            (s.name, s.stages) for s in SAVE_SEQUENCE
+        ]
