@@ -32,7 +32,7 @@ T = TypeVar("T")
 async def settle_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T | Exception]:
     """Run every call at once and wait for all of them: each one's result, or the exception it raised
     (a failing call does not cancel the others; a cancellation of the caller cancels them all)."""
-    results: list[T | Exception] = [RuntimeError("not run")] * len(calls)
+    results: dict[int, T | Exception] = {}
 
     async def settle(index: int, call: Callable[[], Awaitable[T]]) -> None:
         try:
@@ -43,7 +43,7 @@ async def settle_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T | Ex
     async with anyio.create_task_group() as group:
         for index, call in enumerate(calls):
             group.start_soon(settle, index, call)
-    return results
+    return [results[index] for index in range(len(calls))]
 
 
 class Participants:
