@@ -83,7 +83,7 @@ async def crash(data: dict[str, Any], crash_after_s: float) -> tuple[_Path, dict
     state.mkdir()  # a crash before the first snapshot leaves it empty: everything is redone
     async with cluster.started(data, state=state) as c:
         run = asyncio.ensure_future(c.run())
-        while c.controller._run_started is None:  # the crash point counts from the first dispatch
+        while c.controller.run_started_at is None:  # the crash point counts from the first dispatch
             if run.done():
                 run.result()
             await asyncio.sleep(0.01)

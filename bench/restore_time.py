@@ -120,7 +120,7 @@ def restart(mode: str, rollouts: int, state: _Path) -> dict[str, Any]:
 def child(mode: str, state: str, data_text: str) -> None:
     import cluster
     from parkway.actors.roles.controller import controller as controller_module
-    from parkway.actors.roles.controller import snapshots
+    from parkway.actors.roles.controller import restore, snapshots
     from parkway.actors.roles.policy import Policy
     from parkway.protocol.messages import Status, StatusReport
 
@@ -146,7 +146,7 @@ def child(mode: str, state: str, data_text: str) -> None:
         all_resumed()
         return done
 
-    select_snapshot = snapshots.select_snapshot
+    select_snapshot = restore.select_snapshot
 
     def timed_select(*args: Any, **kwargs: Any) -> Any:
         found = select_snapshot(*args, **kwargs)
@@ -171,7 +171,7 @@ def child(mode: str, state: str, data_text: str) -> None:
 
     controller_module.Controller.wait_for_cluster = timed_wait  # type: ignore[method-assign]
     snapshots.SnapshotCoordinator.restore_if_any = timed_restore  # type: ignore[method-assign]
-    snapshots.select_snapshot = timed_select
+    restore.select_snapshot = timed_select
     Policy.on_generate = first_generation  # type: ignore[method-assign]
 
     async def watch_policy(c: cluster.Cluster) -> None:

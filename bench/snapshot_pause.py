@@ -33,7 +33,7 @@ from typing import Any
 
 import cluster
 import common
-from parkway.actors.roles.controller.snapshots import percentiles
+from parkway.actors.roles.controller.metrics import percentiles
 
 STEPS = ("prepare", "commit", "capture", "validate", "publish", "resume")
 

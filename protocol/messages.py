@@ -11,17 +11,14 @@ own snapshot root and the exact episode scope.
 
 from __future__ import annotations
 
-import re
 import typing
 
 import msgspec
 from parkway.protocol import SCHEMA_VERSION
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import is_valid_checkpoint_id
+from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
 
-# A snapshot location is one path component we chose: ``tmp_<id>`` while written, ``snapshot_<seq>`` after.
-LOCATION_PATTERN = re.compile(r"^(tmp_[A-Za-z0-9][A-Za-z0-9._-]{0,127}|snapshot_[0-9]{1,12})$")
-SNAPSHOT_LOCATION = re.compile(r"^snapshot_[0-9]{1,12}$")
 # Token ids are vocabulary indices: never negative, and below any vocabulary a model has.
 MAX_TOKEN_ID = 2**31 - 1
 
@@ -141,10 +138,10 @@ class Commit(SnapshotCommand, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.location != f"tmp_{self.checkpoint_id}":
+        if self.location != tmp_dir_name(self.checkpoint_id):
             raise ValueError(
                 f"location {self.location!r} is not the temporary directory of checkpoint "
-                f"{self.checkpoint_id!r} (tmp_{self.checkpoint_id})"
+                f"{self.checkpoint_id!r} ({tmp_dir_name(self.checkpoint_id)})"
             )
 
 

@@ -1,14 +1,17 @@
-"""The controller's save and restore sequences as data (SPEC sections 6 and 7).
+"""The controller's save and restore sequences as data.
 
-The coordinator (``actors/roles/controller/snapshots.py``) walks these tuples; each step is implemented in one place
-there, and the order, the stages and where an abort is still possible are read from here, not
-scattered across handlers. A failure at a step before ``PUBLISH`` aborts the snapshot under its id.
+The controller walks these tuples, in this order, with the stages given here: each step has one
+implementation (``actors/roles/controller/save.py`` and ``restore.py`` map every step to it, and
+refuse to import when a step has none or one too many). Where a failure still aborts is read from
+here too: ``save_failure_aborts`` and ``restore_failure_aborts``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 
 class SaveStep(StrEnum):
@@ -25,16 +28,33 @@ class SaveStep(StrEnum):
     OPEN_GATE = "open_gate"
 
 
+class RestoreStep(StrEnum):
+    END_ORPHANS = "end_orphans"  # abort what a controller that died mid-snapshot left prepared
+    SELECT = "select"  # the newest snapshot whose manifest and digests verify (or a trainer fallback)
+    DISCOVER = "discover"  # the live topology must match the snapshot's
+    RESTORE_LEDGER = "restore_ledger"  # check the saved episodes against it, then adopt it
+    # Agents first: they stop whatever fresh processes picked up from the dead cluster's queues.
+    RESTORE_PARTICIPANTS = "restore_participants"  # while paused; attempt N+1 on the same replica
+    FENCE_PARTICIPANTS = "fence_participants"  # the attempts the snapshot had running, everywhere
+    RESTORE_TQ = "restore_tq"  # last: nothing generated before the fence survives in it
+    FENCE_TQ = "fence_tq"  # after TQ's restore, which drops the fences it had
+    RESUME = "resume"  # exactly once, by one owner
+    OPEN_GATE = "open_gate"
+
+
+StepName = TypeVar("StepName", SaveStep, RestoreStep)
+
+
 @dataclass(frozen=True)
-class Step:
-    name: StrEnum  # a SaveStep or a RestoreStep
+class Step(Generic[StepName]):
+    name: StepName
     # Stages in the order they are asked; the members of a stage are asked at once. A stage is a role,
     # or roles joined by "+" ("resources+tq": TQ has nothing to park or release, so it needs no stage
     # of its own, and a stage costs a round trip to the slowest of its members).
     stages: tuple[str, ...] = ()
 
 
-SAVE_SEQUENCE: tuple[Step, ...] = (
+SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
     Step(SaveStep.CLOSE_GATE),
     Step(SaveStep.RETIRE),
     Step(SaveStep.ACK_DRAIN),
@@ -48,29 +68,42 @@ SAVE_SEQUENCE: tuple[Step, ...] = (
     Step(SaveStep.OPEN_GATE),
 )
 
-# Up to (not including) this step a failure aborts the snapshot and the previous one stays authoritative.
+# A failure at any step up to and including this one aborts the snapshot under its id, and the one
+# before stays authoritative (a publish that fails undoes its rename). After it the snapshot stands.
 ABORTABLE_UNTIL = SaveStep.PUBLISH
 
-
-class RestoreStep(StrEnum):
-    SELECT = "select"  # the newest snapshot whose manifest and digests verify
-    DISCOVER = "discover"  # the live topology must match the snapshot's
-    RESTORE_TQ = "restore_tq"
-    RESTORE_LEDGER = "restore_ledger"  # then check the saved episodes against it
-    RESTORE_PARTICIPANTS = "restore_participants"  # while paused; attempt N+1 on the same replica
-    RESUME = "resume"  # exactly once, by one owner
-    OPEN_GATE = "open_gate"
-
-
-RESTORE_SEQUENCE: tuple[Step, ...] = (
+RESTORE_SEQUENCE: tuple[Step[RestoreStep], ...] = (
+    Step(RestoreStep.END_ORPHANS, ("agent", "policy", "resources", "tq")),
     Step(RestoreStep.SELECT),
-    Step(RestoreStep.DISCOVER),
-    Step(RestoreStep.RESTORE_TQ, ("tq",)),
+    Step(RestoreStep.DISCOVER, ("agent", "policy", "resources", "tq")),
     Step(RestoreStep.RESTORE_LEDGER),
     Step(RestoreStep.RESTORE_PARTICIPANTS, ("agent", "policy", "resources")),
+    Step(RestoreStep.FENCE_PARTICIPANTS, ("agent", "policy", "resources")),
+    Step(RestoreStep.RESTORE_TQ, ("tq",)),
+    Step(RestoreStep.FENCE_TQ, ("tq",)),
     Step(RestoreStep.RESUME, ("resources", "policy", "agent", "tq")),
     Step(RestoreStep.OPEN_GATE),
 )
+
+# Participants hold the restore's id from its first Restore until they resume: a failure in between
+# aborts that id everywhere, once, by this controller (and nothing resumes). Before it nothing was
+# sent under the id; the resume itself retries until every participant answered.
+RESTORE_ABORTABLE = (RestoreStep.RESTORE_PARTICIPANTS, RestoreStep.FENCE_TQ)
+
+
+def _position(sequence: tuple[Step[StepName], ...], name: StepName) -> int:
+    return [step.name for step in sequence].index(name)
+
+
+def save_failure_aborts(failed_at: SaveStep) -> bool:
+    """Whether a save that failed at this step is aborted (its participants, its temporary files)."""
+    return _position(SAVE_SEQUENCE, failed_at) <= _position(SAVE_SEQUENCE, ABORTABLE_UNTIL)
+
+
+def restore_failure_aborts(failed_at: RestoreStep) -> bool:
+    """Whether a restore that failed at this step aborts its id on every participant."""
+    first, last = (_position(RESTORE_SEQUENCE, step) for step in RESTORE_ABORTABLE)
+    return first <= _position(RESTORE_SEQUENCE, failed_at) <= last
 
 
 class SnapshotFailure(Exception):
@@ -102,3 +135,21 @@ def episode_mismatch(
     if extra:
         parts.append(f"saved but not dispatched: {names(extra)}")
     return "; ".join(parts)
+
+
+def check_step_table(sequence: tuple[Step[StepName], ...], implemented: Iterable[StepName]) -> None:
+    """Raise ``TypeError`` unless ``sequence`` names every step of its kind exactly once and
+    ``implemented`` (the keys of a step table) has every one of them and nothing else. Called where a
+    table is defined, so that a step without its implementation cannot even be imported."""
+    kind = type(sequence[0].name)
+    names = [step.name for step in sequence]
+    problems = []
+    if sorted(names) != sorted(kind) or len(set(names)) != len(names):
+        problems.append(f"the sequence names {names}, not every {kind.__name__} once")
+    have = list(implemented)  # compared by identity: a StrEnum member equals its value's string
+    if missing := [n.value for n in kind if not any(h is n for h in have)]:
+        problems.append(f"no implementation of {', '.join(missing)}")
+    if extra := [str(h) for h in have if not isinstance(h, kind)]:
+        problems.append(f"implementations of no {kind.__name__}: {', '.join(extra)}")
+    if problems:
+        raise TypeError(f"{kind.__name__} table: " + "; ".join(problems))

@@ -238,10 +238,6 @@ class TransferQueue(Participant):
         self.counts["canonical_rows"] = len(self.store.canonical)
         return Ok(detail=f"released {dropped} staging rows of {len(message.rollout_ids)} rollouts")
 
-    def snapshot_parts(self) -> tuple[str, ...]:
-        # TQ's rows sit at the snapshot's top level (``tq/``), beside the ledger they are cut with.
-        return ("tq",)
-
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         return self.store.save(directory, write=self.write_records)
 

@@ -32,6 +32,7 @@ from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import AttemptsFenced, PhaseChanged
+from parkway.protocol.layout import participant_parts
 from parkway.protocol.messages import (
     CONTROL_COMMANDS,
     Abort,
@@ -297,12 +298,12 @@ class Participant(Actor):
     # -- helpers -------------------------------------------------------------------------------
     def snapshot_parts(self) -> tuple[str, ...]:
         """Where this participant's records go inside a snapshot directory."""
-        return ("participants", self.role, str(self.replica))
+        return participant_parts(self.role, self.replica)
 
     def participant_dir(self, location: str) -> Path:
         """This participant's directory in snapshot ``location``; refused (``invalid_message``) when
         a symlink planted anywhere on the way would lead it outside the run's snapshot directory.
-        (``location`` itself is one checked path component: see ``messages.LOCATION_PATTERN``.)"""
+        (``location`` itself is one checked path component: see ``layout.LOCATION_PATTERN``.)"""
         if self.snapshot_root is None:
             raise ProtocolError(ErrorCode.UNAVAILABLE, f"{self.address} has no snapshot root configured")
         run_dir = self.snapshot_root / self.run

@@ -21,13 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from parkway.actors.runtime.settings import RunSettings, SettingsError
-from parkway.actors.storage.inventory import (
-    Problem,
-    RunInventory,
-    SnapshotInfo,
-    check_snapshot,
-    inventory,
-)
+from parkway.actors.storage.checks import Problem, check_snapshot
+from parkway.actors.storage.inventory import RunInventory, SnapshotInfo, inventory
+from parkway.protocol.layout import writer_of
 
 
 class UsageError(Exception):
@@ -77,7 +73,7 @@ def _load(args: argparse.Namespace) -> RunInventory:
     fingerprint = source = None
     config_run = None
     if args.config:
-        from parkway.actors.roles.controller.snapshots import config_fingerprint
+        from parkway.actors.roles.controller.fingerprints import config_fingerprint
         from parkway.actors.run.config import ConfigError
         from parkway.actors.run.config import load as load_config
 
@@ -210,33 +206,21 @@ def cmd_show(args: argparse.Namespace) -> int:
     return run_command(_show, args)
 
 
-def participant_of(path: str) -> str:
-    """Who wrote a snapshot file: ``participants/agent/0/x`` -> ``agent/0``; ``tq/x`` -> ``tq/0``."""
-    parts = path.split("/")
-    if parts[0] == "participants" and len(parts) >= 4:
-        return f"{parts[1]}/{parts[2]}"
-    if parts[0] == "tq":
-        return "tq/0"
-    return "controller/0"
-
-
 def summary(
     snapshot: SnapshotInfo, found: RunInventory, problems: list[Problem], now: float
 ) -> dict[str, Any]:
-    manifest = snapshot.manifest or {}
     participants: dict[str, list[dict[str, Any]]] = {}
-    for entry in manifest.get("files") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
-            participants.setdefault(participant_of(entry["path"]), []).append(
-                {k: entry.get(k) for k in ("path", "records", "size", "sha256")}
-            )
+    for entry in snapshot.listed_files():
+        participants.setdefault(writer_of(entry["path"]), []).append(
+            {k: entry.get(k) for k in ("path", "records", "size", "sha256")}
+        )
     return {
         **snapshot.to_json(now),
-        "run": manifest.get("run"),
-        "schema": manifest.get("schema"),
-        "topology_fingerprint": manifest.get("topology_fingerprint"),
-        "episodes": manifest.get("episodes"),
-        "restart_only": manifest.get("restarts"),
+        "run": snapshot.field("run"),
+        "schema": snapshot.field("schema"),
+        "topology_fingerprint": snapshot.field("topology_fingerprint"),
+        "episodes": snapshot.field("episodes"),
+        "restart_only": snapshot.field("restarts"),
         "participants": dict(sorted(participants.items())),
         "problems": [p.to_json() for p in problems],
         "verifies": not problems,

@@ -136,9 +136,9 @@ async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, 
 
 
 async def test_a_stalled_rollout_is_retried(tmp_path: Path, monkeypatch) -> None:
-    from parkway.actors.roles.controller.controller import Controller
+    from parkway.actors.roles.controller.dispatch import Dispatcher
 
-    task_options = Controller._task_options
+    task_options = Dispatcher.task_options
 
     def hang_one(self, config, rollout, attempt, replica, continue_from=None):
         options = task_options(self, config, rollout, attempt, replica, continue_from)
@@ -146,7 +146,7 @@ async def test_a_stalled_rollout_is_retried(tmp_path: Path, monkeypatch) -> None
             options["hold_at_turn"] = 2  # its first attempt hangs at turn 2 for good
         return options
 
-    monkeypatch.setattr(Controller, "_task_options", hang_one)
+    monkeypatch.setattr(Dispatcher, "task_options", hang_one)
     summary = await run(
         tmp_path,
         rollout={"group_size": 3, "max_turns": 5, "stall_timeout_s": 0.6},

@@ -164,3 +164,78 @@ async def test_a_snapshot_of_other_work_is_not_restored(tmp_path: Path) -> None:
         await run(tmp_path, stop_after=1)
     other = await run(tmp_path, seed=99)  # another seed is other work: start afresh
     assert other.restores == 0 and other.rollouts_sealed == 9
+
+
+@pytest.mark.parametrize("code", ["unavailable", "invalid_phase"])
+async def test_an_orphaned_checkpoint_whose_abort_is_refused_fails_the_start_by_name(
+    tmp_path: Path, monkeypatch, code: str
+) -> None:
+    # A controller died after preparing the policy under its checkpoint: the next controller aborts
+    # that id before anything else. When the policy refuses that Abort, the start fails with a
+    # SnapshotFailure naming the participant and its reason (it died with a TypeError before). The
+    # failure is transient exactly when the refusal is retryable: then starting again may succeed.
+    import time
+
+    from parkway.actors.runtime.participant import Participant
+    from parkway.protocol.errors import ErrorCode, ProtocolError
+    from parkway.protocol.messages import Prepare, Prepared
+    from parkway.protocol.snapshot import SnapshotFailure
+
+    dead = "ck-20240101T000000.000-dead00"
+    start, abort = Participant.start, Participant.on_abort
+
+    async def start_then_prepare(self: Participant) -> None:
+        await start(self)
+        if self.address == "policy/0":  # what the dead controller left behind
+            prepare = Prepare(checkpoint_id=dead, deadline=time.time() + 60)
+            assert isinstance(await self.client.request(self.address, prepare), Prepared)
+
+    async def refuse(self: Participant, command):  # type: ignore[no-untyped-def]
+        if command.checkpoint_id == dead:
+            raise ProtocolError(ErrorCode(code), "the disk under the snapshot root is read-only")
+        return await abort(self, command)
+
+    monkeypatch.setattr(Participant, "start", start_then_prepare)
+    monkeypatch.setattr(Participant, "on_abort", refuse)
+    with pytest.raises(SnapshotFailure) as failed:
+        await run(tmp_path)
+    assert failed.value.step == "abort_orphan"
+    assert failed.value.detail == f"policy/0: {code}: the disk under the snapshot root is read-only"
+    assert failed.value.transient is (code == "unavailable")  # only unavailable is retryable
+
+
+async def test_the_save_and_the_restore_walk_their_sequences_in_order(tmp_path: Path, monkeypatch) -> None:
+    # The order, and the stages of each step, are read from protocol/snapshot.py, nowhere else.
+    from parkway.actors.roles.controller import restore, save
+    from parkway.protocol.snapshot import RESTORE_SEQUENCE, SAVE_SEQUENCE, SaveStep
+
+    ran: list[tuple[str, object, tuple[str, ...]]] = []
+    for table in (save.SAVE_STEPS, restore.RESTORE_STEPS):
+        for name, implementation in list(table.items()):
+
+            async def recorded(self, attempt, stages, name=name, implementation=implementation):  # type: ignore[no-untyped-def]
+                ran.append((getattr(attempt, "checkpoint_id", "restore"), name, stages))
+                await implementation(self, attempt, stages)
+
+            monkeypatch.setitem(table, name, recorded)
+    with pytest.raises(SimulatedCrash):
+        await run(tmp_path, stop_after=1)
+    until_publish = [(s.name, s.stages) for s in SAVE_SEQUENCE][
+        : [s.name for s in SAVE_SEQUENCE].index(SaveStep.PUBLISH) + 1
+    ]
+    first = [s.name for s in RESTORE_SEQUENCE[:2]]
+    assert [n for who, n, _ in ran if who == "restore"] == first  # nothing on disk: no snapshot selected
+    assert [(n, st) for who, n, st in ran if who != "restore"] == until_publish  # then the crash
+
+    ran.clear()
+    resumed = await run(tmp_path)
+    assert resumed.restores == 1 and resumed.snapshots_published >= 1
+    assert [(n, st) for who, n, st in ran if who == "restore"] == [
+        (s.name, s.stages) for s in RESTORE_SEQUENCE
+    ]
+    published = {who for who, n, _ in ran if n is SaveStep.OPEN_GATE}
+    assert published
+    for checkpoint_id in published:
+        assert [(n, st) for who, n, st in ran if who == checkpoint_id] == [
+            (s.name, s.stages) for s in SAVE_SEQUENCE
+        ]

@@ -102,16 +102,16 @@ def test_the_policy_and_resources_hold_every_rollouts_call_and_still_take_contro
 async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_path: Path, monkeypatch) -> None:
     # With every task admitted at the start, each snapshot encoded (and each dispatch walked) all of
     # them: its cost grew with the dataset, not with the rollouts in flight.
-    from parkway.actors.roles.controller.controller import Controller
+    from parkway.actors.roles.controller.dispatch import Dispatcher
 
     sizes: list[int] = []
-    dispatch = Controller._dispatch_ready
+    dispatch = Dispatcher.dispatch_ready
 
-    async def observed(self: Controller) -> None:
-        sizes.append(len(self.ledger.groups))
+    async def observed(self: Dispatcher) -> None:
+        sizes.append(len(self._state.ledger.groups))
         await dispatch(self)
 
-    monkeypatch.setattr(Controller, "_dispatch_ready", observed)
+    monkeypatch.setattr(Dispatcher, "dispatch_ready", observed)
     summary = await run(tmp_path, tasks={"limit": 12}, rollout={"group_size": 1, "max_in_flight": 2})
     assert summary.rollouts_sealed == summary.rollouts_expected == 12 and summary.train_steps == 6
     assert max(sizes) <= 2 + 2  # the two in flight, and at most a batch waiting for the trainer

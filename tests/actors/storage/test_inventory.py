@@ -11,15 +11,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-from parkway.actors.roles.controller.snapshots import (
-    SnapshotInvalid,
-    config_fingerprint,
-    select_snapshot,
-    verify_snapshot,
-)
+from parkway.actors.roles.controller.fingerprints import config_fingerprint
 from parkway.actors.run.config import from_dict
-from parkway.actors.storage.inventory import Kind, Problem, check_snapshot, inventory
+from parkway.actors.storage.checks import Kind, Problem, check_snapshot
+from parkway.actors.storage.inventory import inventory
+from parkway.actors.storage.select import SnapshotInvalid, select_snapshot, verify_snapshot
 
 from tests.support.embedded import SNAPSHOT_RUN, crashed_run
 
@@ -67,7 +65,7 @@ def test_snapshots_a_run_wrote_verify(run_dir: Path) -> None:
     assert [p.name for p in snapshots] == ["snapshot_1", "snapshot_2"]
     for directory in snapshots:
         assert check_snapshot(directory) == []
-        assert verify_snapshot(directory) == manifest_of(directory)
+        assert json.loads(msgspec.json.encode(verify_snapshot(directory))) == manifest_of(directory)
 
 
 def test_a_flipped_bit(snapshot: Path) -> None:

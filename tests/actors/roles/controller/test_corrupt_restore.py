@@ -16,13 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import structlog
 import yaml
 from parkway.actors.launch.processes import clean_environment
 from parkway.actors.roles.controller.controller import RunSummary
-from parkway.actors.roles.controller.snapshots import NoValidSnapshot
 from parkway.actors.storage.inventory import inventory
+from parkway.actors.storage.select import NoValidSnapshot
 
 from tests.support.embedded import SNAPSHOT_RUN, crashed_run, embedded_run
 
@@ -136,6 +137,36 @@ async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(
     assert resumed.restores == 1 and resumed.rollouts_restored == len(before["episodes"]) > 0
     assert resumed.rollouts_sealed == 9 and resumed.rollouts_failed == 0
     assert resumed.transcripts_sha256 == reference.transcripts_sha256
+
+
+async def test_a_snapshot_whose_anchor_predates_the_sums_and_the_cursor_still_restores(
+    state: Path, reference: RunSummary
+) -> None:
+    # Older snapshots saved every rollout the trainer received with its reward (``sealed_rows``)
+    # instead of the sums, and had no task cursor (every task was admitted at the start). Two rows
+    # more than the snapshot's own sums say show that the restore counts from them.
+    snapshot = state / "snapshots" / SNAPSHOT_RUN["run"] / NEWEST
+    ledger = snapshot / "ledger.msgpack"
+    record = msgspec.msgpack.decode(ledger.read_bytes())
+    anchor = record["controller"]
+    sealed, reward_sum = anchor.pop("sealed"), anchor.pop("reward_sum")
+    for newer in ("transcripts", "next_task", "first_in_play", "trained_groups"):
+        del anchor[newer]
+    rows = {f"trained_{i}": reward_sum / sealed for i in range(sealed)}
+    anchor["sealed_rows"] = {**rows, "older_0": 1.0, "older_1": 0.0}
+    data = msgspec.msgpack.encode(record)
+    ledger.write_bytes(data)
+    manifest = manifest_of(snapshot)
+    entry = next(e for e in manifest["files"] if e["path"] == "ledger.msgpack")
+    entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    rewrite(snapshot, files=manifest["files"])
+
+    with structlog.testing.capture_logs() as logs:
+        resumed = await embedded_run(SNAPSHOT_RUN, state)
+    [started] = [e for e in logs if e["event"] == "restore_started"]
+    assert started["snapshot"] == NEWEST and resumed.restores == 1 and resumed.rollouts_restored > 0
+    assert resumed.rollouts_failed == 0 and resumed.rollouts_sealed == 9 + 2
+    assert resumed.mean_reward == pytest.approx((9 * reference.mean_reward + 1.0) / 11)
 
 
 async def test_when_no_snapshot_verifies_a_start_refuses_to_begin_afresh(state: Path) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import structlog
 from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
-from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
+from parkway.actors.roles.controller.save import SaveAttempt, SaveSequence
 from parkway.actors.runtime.faults import FAULTS_ENV, FaultPoints, FaultSpecError
-from parkway.actors.storage.inventory import check_snapshot
+from parkway.actors.storage.checks import check_snapshot
 
 from tests.support.embedded import SNAPSHOT_RUN, embedded_run
 
@@ -119,18 +119,18 @@ async def test_the_snapshot_before_stays_authoritative(
 ) -> None:
     # The disk fills during the second snapshot's commit and the cluster dies right after that snapshot
     # was aborted: on disk is the first snapshot, nothing of the second, and a restart restores the first.
-    original = SnapshotCoordinator._abort
+    original = SaveSequence.abort
 
-    async def abort_then_die(self: SnapshotCoordinator, state: dict[str, Any], failure: Exception) -> None:
-        await original(self, state, failure)  # type: ignore[arg-type]
-        raise SimulatedCrash(f"died right after aborting {state['cid']}")
+    async def abort_then_die(self: SaveSequence, attempt: SaveAttempt, failure: Exception) -> None:
+        await original(self, attempt, failure)  # type: ignore[arg-type]
+        raise SimulatedCrash(f"died right after aborting {attempt.checkpoint_id}")
 
-    monkeypatch.setattr(SnapshotCoordinator, "_abort", abort_then_die)
+    monkeypatch.setattr(SaveSequence, "abort", abort_then_die)
     monkeypatch.setenv(FAULTS_ENV, "commit_write:resources=ENOSPC@2")
     with pytest.raises(SimulatedCrash) as crash:
         await embedded_run(SNAPSHOT_RUN, tmp_path)
     monkeypatch.delenv(FAULTS_ENV)
-    monkeypatch.setattr(SnapshotCoordinator, "_abort", original)
+    monkeypatch.setattr(SaveSequence, "abort", original)
     run_dir = tmp_path / RUN_DIR
     assert [p.name for p in sorted(run_dir.iterdir()) if p.name != "trainer"] == ["snapshot_1"]
     first = json.loads((run_dir / "snapshot_1" / "manifest.json").read_text())

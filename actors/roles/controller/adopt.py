@@ -1,0 +1,109 @@
+"""Taking over a restored ledger: which attempts continue, which start over, which stay fenced."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from parkway.actors.roles.controller.state import RunState, group_id
+from parkway.actors.run.config import RunConfig
+from parkway.protocol.anchor import ControllerAnchor
+from parkway.protocol.ids import actor_address
+from parkway.protocol.ledger import AttemptState, Granularity, Ledger
+from parkway.protocol.messages import AttemptRef, EpisodeRef
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What a restore hands the participants after the controller took over its ledger."""
+
+    continued: tuple[EpisodeRef, ...]  # attempts N+1 that continue a saved transcript (the scope)
+    fenced: tuple[AttemptRef, ...]  # attempts refused everywhere: dead ones, and the running N
+    epoch: int  # this controller's epoch, stamped on the restore
+
+
+def dead_attempts(ledger: Ledger) -> list[AttemptRef]:
+    """Attempts of a restored ledger that must stay refused: the failed, abandoned and retired ones. A
+    restore replaces every participant's fences with these (and the running ones it restarts): the
+    fences of the cluster that died may name attempt numbers the restored ledger gives out again."""
+    dead = (AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.RETIRED)
+    return [
+        AttemptRef(rollout_id=s.rollout_id, attempt=a.index) for s, a in ledger.attempts() if a.state in dead
+    ]
+
+
+def adopt_snapshot(
+    state: RunState,
+    ledger: Ledger,
+    anchor: ControllerAnchor,
+    *,
+    config: RunConfig,
+    task_count: int,
+    counts: Counter[str],
+    restart_only: set[str],
+    saved_episodes: set[tuple[str, int]],
+) -> Continuation:
+    """Every attempt that was running gets attempt N+1 on the same replica, continuing its saved
+    transcript at ``turn`` level, from its prompt otherwise."""
+    state.ledger = ledger
+    state.take_anchor(anchor, task_count=task_count)
+    for key, value in anchor.counts.items():
+        counts[key] = value
+    if config.recovery.target_level == "prompt_group":
+        return _redo_groups(ledger, state.epoch, counts)
+    keep_turns = config.recovery.target_level in ("turn", "prefix")
+    continued = []
+    fenced = dead_attempts(ledger)
+    for rollout, attempt in sorted(ledger.dispatched()):
+        fenced.append(AttemptRef(rollout_id=rollout, attempt=attempt))
+        replica = ledger.sibling(rollout).current.replica or 0
+        depends_on = {
+            actor_address("agent", replica),
+            actor_address("resources", replica % config.topology.resources),
+        }
+        keeps_turns = keep_turns and not depends_on & restart_only  # restart-only: from the prompt
+        fresh = ledger.restart_after_restore(
+            rollout, continue_saved=keeps_turns and (rollout, attempt) in saved_episodes
+        )
+        counts["attempts_restarted"] += 1
+        if fresh.continue_from is not None:
+            assert fresh.replica is not None
+            continued.append(EpisodeRef(rollout_id=rollout, attempt=fresh.index, replica=fresh.replica))
+    counts["restores"] += 1
+    counts["rollouts_restored"] += len(continued)
+    return Continuation(continued=tuple(continued), fenced=tuple(fenced), epoch=state.epoch)
+
+
+def _redo_groups(ledger: Ledger, epoch: int, counts: Counter[str]) -> Continuation:
+    """``prompt_group`` level: a group with any rollout unfinished at the snapshot starts over whole."""
+    fenced = dead_attempts(ledger)
+    fenced += [AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())]
+    groups = sorted({ledger.group_of(r).group_id for r, _ in ledger.dispatched()})
+    for group in groups:
+        ledger.redo_group_after_restore(group)
+        counts["rollouts_redone"] += len(ledger.groups[group].siblings)
+    counts["restores"] += 1
+    return Continuation(continued=(), fenced=tuple(fenced), epoch=epoch)
+
+
+def adopt_fallback(
+    state: RunState, anchor: ControllerAnchor, *, config: RunConfig, task_count: int, counts: Counter[str]
+) -> None:
+    """A trainer checkpoint without its snapshot: groups the trainer consumed stay done, every other
+    group starts over from its prompt (no turn of theirs can be trusted)."""
+    adopt_snapshot(
+        state,
+        Ledger(max_attempts=config.rollout.max_attempts),
+        anchor,
+        config=config,
+        task_count=task_count,
+        counts=counts,
+        restart_only=set(),
+        saved_episodes=set(),
+    )
+    granularity = Granularity(config.recovery.default_granularity)
+    trained = set(state.trained_groups)
+    for index in range(state.first_in_play, state.next_task):  # the groups in play then; later
+        if group_id(index) not in trained:  # ones are admitted from the cursor as usual
+            state.ledger.add_group(group_id(index), index, config.rollout.group_size, granularity)
+    counts["fallback_restores"] += 1

@@ -1,0 +1,172 @@
+"""Admission and dispatch: groups come into the ledger from the task cursor, reserved attempts go out
+as ``Run`` to agent replicas while the gate is open, and the stall watchdog retires attempts that run
+too long (the time they were parked does not count)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import structlog
+from parkway.actors.roles.controller.gate import AdmissionGate
+from parkway.actors.roles.controller.outbox import AckOutbox
+from parkway.actors.roles.controller.retire import Retirement, stable_int
+from parkway.actors.roles.controller.state import RunState, group_id
+from parkway.actors.run.config import RunConfig, parse_fault
+from parkway.actors.run.tasks import Task
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.history import History
+from parkway.protocol.ids import actor_address, capture_key
+from parkway.protocol.ledger import Granularity
+from parkway.protocol.messages import Failed, Run
+
+log = structlog.get_logger("parkway.controller")
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        client: Client,
+        state: RunState,
+        gate: AdmissionGate,
+        counts: Counter[str],
+        history: History,
+        outbox: AckOutbox,
+        retirement: Retirement,
+        config: RunConfig,
+        tasks: list[Task],
+        holds: dict[str, int],
+    ) -> None:
+        self._client, self._state, self._gate = client, state, gate
+        self._counts, self._history = counts, history
+        self._outbox, self._retirement = outbox, retirement
+        self._config, self._tasks, self._holds = config, tasks, holds
+        self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
+        self._dispatched_at: dict[tuple[str, int], tuple[float, float]] = {}  # -> (monotonic, paused then)
+
+    def has_work(self) -> bool:
+        """Groups in play, or tasks not admitted yet."""
+        return bool(self._state.ledger.groups) or self._state.next_task < len(self._tasks)
+
+    def admit_groups(self) -> None:
+        """Bring groups into the ledger from the task cursor, as many as the free dispatch slots take.
+        The ledger (and every snapshot of it) holds the groups in play, not the whole dataset: with
+        every task admitted at the start, each snapshot encoded and walked all of them (10,000 prompts:
+        7 MB and about 130 ms per snapshot, and the dispatch loop walked them on every wake-up)."""
+        if not self._gate.is_open:  # nothing changes in the ledger while a snapshot is cut
+            return
+        config, state = self._config, self._state
+        size = config.rollout.group_size
+        want = config.rollout.max_in_flight - state.ledger.in_flight()
+        waiting = len(state.ledger.reserved())
+        granularity = Granularity(config.recovery.default_granularity)
+        while state.next_task < len(self._tasks) and waiting < want:
+            index = state.next_task
+            state.ledger.add_group(group_id(index), index, size, granularity)
+            state.next_task += 1
+            waiting += size
+
+    async def dispatch_ready(self) -> None:
+        config, ledger = self._config, self._state.ledger
+        await self._retirement.fence_lost()
+        in_flight = ledger.in_flight()
+        for sibling in ledger.reserved():
+            if not self._gate.is_open or in_flight >= config.rollout.max_in_flight:
+                return
+            group = ledger.group_of(sibling.rollout_id)
+            task = self._tasks[group.task_index]
+            current = sibling.current
+            attempt = current.index
+            replica = current.replica  # pinned after a restore: a continuation runs where it was saved
+            if replica is None:
+                replica = (group.task_index * config.rollout.group_size + sibling.generation_index) % (
+                    config.topology.agents
+                )
+            run = Run(
+                rollout_id=sibling.rollout_id,
+                attempt=attempt,
+                group_id=group.group_id,
+                env=task.env,
+                prompt=task.prompt,
+                max_turns=task.max_turns or config.rollout.max_turns,
+                seed=stable_int(config.seed, sibling.rollout_id),
+                policy_version=self._state.policy_version,
+                epoch=self._state.epoch,
+                task=self.task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),
+            )
+            ledger.dispatch(sibling.rollout_id, attempt, replica)
+            self._history.record(
+                "dispatch",
+                r=sibling.rollout_id,
+                a=attempt,
+                epoch=self._state.epoch,
+                replica=replica,
+                continue_from=current.continue_from,
+            )
+            log.info(
+                "rollout_dispatched",
+                rollout_id=sibling.rollout_id,
+                attempt=attempt,
+                group_id=group.group_id,
+                replica=replica,
+                continue_from=current.continue_from,
+            )
+            self._dispatched_at[(sibling.rollout_id, attempt)] = (time.monotonic(), self._gate.paused_s())
+            self._outbox.route((sibling.rollout_id, attempt), replica)
+            self._counts["attempts_dispatched"] += 1
+            in_flight += 1
+            await self._client.send(
+                actor_address("agent", replica), run, correlation_id=capture_key(sibling.rollout_id, attempt)
+            )
+
+    def task_options(
+        self, config: RunConfig, rollout: str, attempt: int, replica: int, continue_from: int | None = None
+    ) -> dict[str, object]:
+        options: dict[str, object] = {
+            "agent": config.agent,
+            "resources": replica % config.topology.resources,
+            "max_tokens": config.rollout.max_tokens,
+        }
+        fail_at = self._faults.get((rollout, attempt))
+        rate = config.faults.failure_rate
+        if (
+            fail_at is None
+            and rate > 0
+            and stable_int(config.seed, rollout, attempt, "fail") % 10**6 < rate * 10**6
+        ):
+            fail_at = stable_int(config.seed, rollout, attempt, "turn") % config.rollout.max_turns
+        if fail_at is not None:
+            options["fail_at_turn"] = fail_at
+        if continue_from is not None:
+            options["continue_from"] = continue_from
+        if config.policy.engine == "vllm" and config.policy.model:
+            options["tokenizer"] = config.policy.model  # agents render prompts with the model's own template
+        if rollout in self._holds:
+            options["hold_at_turn"] = self._holds[rollout]
+        return options
+
+    # -- the stall watchdog ---------------------------------------------------------------------------
+    def stalled(self, timeout_s: float) -> list[tuple[str, int]]:
+        """Attempts running longer than ``timeout_s``, not counting the time they were parked."""
+        now, paused = time.monotonic(), self._gate.paused_s()
+        return [
+            key
+            for key in sorted(self._state.ledger.dispatched())
+            if key in self._dispatched_at
+            and now - self._dispatched_at[key][0] - (paused - self._dispatched_at[key][1]) > timeout_s
+        ]
+
+    async def check_stalls(self, fail: Callable[[Failed], Awaitable[None]]) -> None:
+        """The stall watchdog: parked time does not count (NeMo's counted it and aborted healthy runs).
+        A stalled attempt is stopped where it hangs, then failed (``fail``) like a reported failure."""
+        timeout_s = self._config.rollout.stall_timeout_s
+        for rollout, attempt in self.stalled(timeout_s):
+            replica = self._state.ledger.sibling(rollout).current.replica
+            log.warning("rollout_stalled", rollout_id=rollout, attempt=attempt, timeout_s=timeout_s)
+            self._counts["attempts_stalled"] += 1
+            self._history.record("stalled", r=rollout, a=attempt)
+            if replica is not None:
+                await self._retirement.retire(((rollout, attempt, replica),))
+            await fail(Failed(rollout_id=rollout, attempt=attempt, code="stalled"))

@@ -1,0 +1,65 @@
+"""What a snapshot is judged by before a restore takes it: the work it belongs to and who took part."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import msgspec
+from parkway.actors.run.config import RunConfig
+from parkway.protocol.messages import Capabilities
+
+# Who takes part in a snapshot, in the order every whole-cluster fan-out walks them.
+PARTICIPANT_ROLES = ("agent", "policy", "resources", "tq")
+
+
+def fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def config_fingerprint(config: RunConfig) -> str:
+    """What a snapshot depends on: the work and its identities, not tuning (intervals, hosts, timeouts)."""
+    r = config.rollout
+    return fingerprint(
+        {
+            "run": config.run,
+            "seed": config.seed,
+            "agent": config.agent,
+            "tasks": msgspec.to_builtins(config.tasks),
+            "rollout": [r.group_size, r.max_turns, r.max_tokens],
+            "topology": msgspec.to_builtins(config.topology),
+            "resources": config.resources.mode,
+            "engine": config.policy.engine,
+        }
+    )
+
+
+def replica_count(config: RunConfig, role: str) -> int:
+    """How many replicas of a participant role the configuration runs."""
+    return {
+        "tq": 1,
+        "policy": 1,
+        "resources": config.topology.resources,
+        "agent": config.topology.agents,
+    }[role]
+
+
+def topology_of(capabilities: list[Capabilities]) -> list[dict[str, Any]]:
+    """Who takes part, sorted; restart-only flags are excluded (they may change between runs)."""
+    return sorted(
+        ({"role": c.role, "replica": c.replica} for c in capabilities),
+        key=lambda d: (d["role"], d["replica"]),
+    )
+
+
+def expected_topology(config: RunConfig) -> list[dict[str, Any]]:
+    """The topology the configuration asks for, as ``topology_of`` writes a live one."""
+    return sorted(
+        (
+            {"role": role, "replica": i}
+            for role in PARTICIPANT_ROLES
+            for i in range(replica_count(config, role))
+        ),
+        key=lambda d: (d["role"], d["replica"]),
+    )

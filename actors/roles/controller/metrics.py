@@ -1,0 +1,51 @@
+"""What the snapshots of one run cost: counts, pauses, step durations, bytes (for the run summary,
+the progress line and the benchmarks; Prometheus has its own in ``runtime.metrics``)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+
+class SnapshotRecord(TypedDict):
+    """One published snapshot."""
+
+    pause_ms: float  # the admission gate's closed window
+    rollouts: int  # rollouts saved
+    parked: int  # rollouts that parked at a boundary
+    bytes: int  # every file written and the manifest
+    park_wait_ms: float  # the longest an agent waited for its rollouts to reach a boundary
+    steps_ms: dict[str, float]  # each save step's duration
+
+
+@dataclass
+class SnapshotMetrics:
+    published: int = 0
+    failed: int = 0
+    skipped: int = 0
+    consecutive_failures: int = 0
+    pause_ms: list[float] = field(default_factory=list)
+    phases_ms: dict[str, list[float]] = field(default_factory=dict)
+    restores: int = 0
+    rollouts_restored: int = 0
+    records: list[SnapshotRecord] = field(default_factory=list)
+
+    def pause_summary(self) -> dict[str, float]:
+        return percentiles(self.pause_ms)
+
+    def phases_summary(self) -> dict[str, float]:
+        """The median duration of each save step, in milliseconds."""
+        return {step: percentiles(values)["p50"] for step, values in self.phases_ms.items()}
+
+    def bytes_summary(self) -> dict[str, float]:
+        """Bytes each published snapshot wrote (every file and the manifest): p50, p95, max."""
+        return percentiles([float(r["bytes"]) for r in self.records])
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=100, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 99
+    return {"p50": round(q[49], 3), "p95": round(q[94], 3), "max": round(ordered[-1], 3)}

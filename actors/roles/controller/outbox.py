@@ -1,0 +1,61 @@
+"""The completed-result ACK outbox: receipts are acknowledged in batches, one Ack per agent replica.
+
+An agent keeps a finished rollout's receipt until it is acknowledged and sends it again until then;
+acknowledging a receipt twice is harmless, so a batch that is lost costs a resend, never a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+
+import structlog
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.history import History
+from parkway.brokers.base import BrokerError
+from parkway.protocol.ids import actor_address
+from parkway.protocol.messages import Ack, AttemptRef
+
+log = structlog.get_logger("parkway.controller")
+
+ACK_FLUSH_S = 0.01
+
+
+class AckOutbox:
+    def __init__(self, client: Client, counts: Counter[str], history: History) -> None:
+        self._client, self._counts, self._history = client, counts, history
+        self._pending: dict[int, list[AttemptRef]] = defaultdict(list)
+        self._replica_of: dict[tuple[str, int], int] = {}  # each dispatched attempt's agent replica
+
+    def route(self, key: tuple[str, int], replica: int) -> None:
+        """The agent replica attempt ``key`` was dispatched to: where its receipt's Ack goes."""
+        self._replica_of[key] = replica
+
+    def acknowledge(self, key: tuple[str, int]) -> None:
+        replica = self._replica_of.get(key)
+        if replica is not None:
+            self._pending[replica].append(AttemptRef(rollout_id=key[0], attempt=key[1]))
+
+    async def flush(self) -> None:
+        """One Ack per agent replica for every receipt pending: batched, and a repeat is harmless."""
+        pending, self._pending = self._pending, defaultdict(list)
+        for replica, refs in pending.items():
+            await self._client.send(
+                actor_address("agent", replica),
+                Ack(receipts=tuple(refs)),
+                correlation_id=f"ack-{time.monotonic_ns()}",
+            )
+            self._counts["acks_sent"] += len(refs)
+            self._counts["ack_batches"] += 1
+            self._history.record("ack", replica=replica, refs=[[a.rollout_id, a.attempt] for a in refs])
+
+    async def run(self) -> None:
+        """Flush every ``ACK_FLUSH_S`` while there is something to send."""
+        while True:
+            await asyncio.sleep(ACK_FLUSH_S)
+            if self._pending:
+                try:
+                    await self.flush()
+                except BrokerError as exc:  # the agents send their receipts again; they are acked again
+                    log.warning("ack_not_sent", error=str(exc))

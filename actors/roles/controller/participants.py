@@ -1,0 +1,140 @@
+"""Asking the participants of a snapshot or a restore: by stage, every member of a stage at once.
+
+A stage is a role, or roles joined by "+" (``resources+tq``). ``ask`` sends one command to each member
+of a stage concurrently and waits for every reply; the first refusal (in address order) then fails the
+step as a ``SnapshotFailure`` that says whether a later attempt may succeed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TypeVar
+
+import anyio
+import structlog
+from parkway.actors.roles.controller.fingerprints import PARTICIPANT_ROLES, replica_count
+from parkway.actors.roles.controller.host import SnapshotHost
+from parkway.actors.run.config import RunConfig
+from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ErrorCode
+from parkway.protocol.ids import actor_address, new_checkpoint_id
+from parkway.protocol.messages import Abort, Error, Message, Resume, Status, StatusReport
+from parkway.protocol.snapshot import SnapshotFailure
+
+log = structlog.get_logger("parkway.snapshots")
+
+RESUME_RETRIES = 5
+T = TypeVar("T")
+
+
+async def settle_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T | Exception]:
+    """Run every call at once and wait for all of them: each one's result, or the exception it raised
+    (a failing call does not cancel the others; a cancellation of the caller cancels them all)."""
+    results: dict[int, T | Exception] = {}
+
+    async def settle(index: int, call: Callable[[], Awaitable[T]]) -> None:
+        try:
+            results[index] = await call()
+        except Exception as exc:
+            results[index] = exc
+
+    async with anyio.create_task_group() as group:
+        for index, call in enumerate(calls):
+            group.start_soon(settle, index, call)
+    return [results[index] for index in range(len(calls))]
+
+
+class Participants:
+    def __init__(self, host: SnapshotHost, config: RunConfig) -> None:
+        self._host, self._config = host, config
+        self.began = 0.0  # when the snapshot (or restore) in progress began: a process started since is new
+
+    def addresses(self, stage: str) -> list[str]:
+        """A stage's participants: one role's replicas, or several roles asked at once (``resources+tq``)."""
+        return [
+            actor_address(role, i)
+            for role in stage.split("+")
+            for i in range(replica_count(self._config, role))
+        ]
+
+    def everyone(self) -> list[str]:
+        return [address for role in PARTICIPANT_ROLES for address in self.addresses(role)]
+
+    async def request(self, address: str, message: Message) -> Message:
+        try:
+            return await self._host.client.request(address, message)
+        except BrokerError as exc:
+            raise SnapshotFailure("request", f"{address}: {exc}", transient=True) from exc
+
+    async def status(self, address: str, purpose: str) -> Message:
+        """A Status of ``address``, asked for ``purpose`` (the prefix of its one-off id)."""
+        return await self.request(
+            address, Status(checkpoint_id=new_checkpoint_id(purpose), deadline=time.time() + 5)
+        )
+
+    async def ask(self, stage: str, make: Callable[[str], Message], step: str) -> dict[str, Message]:
+        """``make(address)`` to every member of ``stage`` at once; every reply, or a SnapshotFailure."""
+        addresses = self.addresses(stage)
+        replies = await settle_all([partial(self.request, a, make(a)) for a in addresses])
+        answered: dict[str, Message] = {}
+        for address, reply in zip(addresses, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise SnapshotFailure(step, f"{address}: {reply}", transient=True)
+            if isinstance(reply, Error):
+                detail, transient = f"{address}: {reply.code.value}: {reply.detail}", reply.retryable
+                if reply.code is ErrorCode.STALE_CHECKPOINT:
+                    # It ended this id on its own: its lease lapsed while this controller was slow (or
+                    # stopped). A timeout, which the next snapshot retries.
+                    detail, transient = f"{detail} (its lease lapsed)", True
+                elif reply.code is ErrorCode.INVALID_PHASE and await self.restarted(address):
+                    # Not a broken protocol: a new process that never saw this checkpoint (the one that
+                    # did may even have journaled its reply). A later snapshot fixes it.
+                    detail, transient = f"{detail} (it restarted during the snapshot)", True
+                raise SnapshotFailure(step, detail, transient=transient)
+            answered[address] = reply
+        return answered
+
+    async def restarted(self, address: str) -> bool:
+        """Whether ``address`` is a process that started after this snapshot (or restore) began."""
+        try:
+            reply = await self.status(address, "alive")
+        except SnapshotFailure:
+            return False
+        if not isinstance(reply, StatusReport):
+            return False
+        if reply.role == "agent":
+            self._host.observe(address, reply)  # a new process: its lost rollouts start again
+        return reply.started_at >= self.began
+
+    async def resume_all(self, checkpoint_id: str, stages: tuple[str, ...]) -> None:
+        """Resume every participant under the same id, stage by stage (a stage's members at once); one
+        that does not answer is ``published_release_pending`` and is asked again (same id,
+        idempotent) until it answers."""
+        for stage in stages:
+            calls = [partial(self._resume_one, a, checkpoint_id) for a in self.addresses(stage)]
+            for outcome in await settle_all(calls):
+                if isinstance(outcome, Exception):
+                    raise outcome
+
+    async def _resume_one(self, address: str, checkpoint_id: str) -> None:
+        for attempt in range(RESUME_RETRIES):
+            try:
+                reply = await self._host.client.request(
+                    address, Resume(checkpoint_id=checkpoint_id, deadline=time.time() + 5)
+                )
+                if not isinstance(reply, Error):
+                    return
+            except BrokerError:
+                pass
+            self._host.counts["release_pending"] += 1
+            log.warning("published_release_pending", participant=address, attempt=attempt + 1)
+            await anyio.sleep(0.2 * (attempt + 1))
+
+    async def abort_everywhere(self, checkpoint_id: str, reason: str) -> None:
+        """Abort ``checkpoint_id`` on every participant at once (fencing it there); one that cannot be
+        reached or refuses is not waited for: its lease lapses, and the id stays fenced where it ended."""
+        deadline = time.time() + 5
+        abort = Abort(checkpoint_id=checkpoint_id, deadline=deadline, reason=reason)
+        await settle_all([partial(self._host.client.request, a, abort) for a in self.everyone()])

@@ -1,0 +1,149 @@
+"""Receipts from the agents: ``Completed`` seals an attempt (its canonical rows first), ``Failed`` redoes
+it by its group's granularity. Every receipt is acknowledged, stale and duplicate ones included."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import structlog
+from parkway.actors.roles.controller.outbox import AckOutbox
+from parkway.actors.roles.controller.retire import Retirement
+from parkway.actors.roles.controller.state import RunState
+from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.history import History
+from parkway.protocol.errors import ProtocolError
+from parkway.protocol.ledger import SealOutcome
+from parkway.protocol.messages import Completed, Error, Failed, SealRows
+
+log = structlog.get_logger("parkway.controller")
+
+
+class Receipts:
+    def __init__(
+        self,
+        *,
+        client: Client,
+        state: RunState,
+        counts: Counter[str],
+        history: History,
+        outbox: AckOutbox,
+        retirement: Retirement,
+        wake: Callable[[], None],
+    ) -> None:
+        self._client, self._state, self._counts, self._history = client, state, counts, history
+        self._outbox, self._retirement, self._wake = outbox, retirement, wake
+        self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
+
+    def _acknowledge(self, key: tuple[str, int]) -> None:
+        self._outbox.acknowledge(key)
+        self._wake()
+
+    async def completed(self, receipt: Completed) -> None:
+        ledger = self._state.ledger
+        if not ledger.knows(receipt.rollout_id):
+            self._counts["receipts_stale"] += (
+                1  # its group was finalized already: acknowledge, change nothing
+            )
+        elif receipt.attempt >= len(ledger.sibling(receipt.rollout_id).attempts):
+            # An attempt this controller never reserved (another run's agent, a forged receipt): ignored.
+            self._counts["receipts_stale"] += 1
+            log.warning("receipt_unknown_attempt", rollout_id=receipt.rollout_id, attempt=receipt.attempt)
+        else:
+            sibling = ledger.sibling(receipt.rollout_id)
+            target = sibling.attempts[receipt.attempt]
+            if target is sibling.current and target.state.value == "dispatched":
+                # Canonical rows first: a group the ledger settles must be readable by the trainer.
+                await self._seal_rows(receipt)
+            outcome = ledger.seal(
+                receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns
+            )
+            self._history.record(
+                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="completed", outcome=outcome.value
+            )
+            if outcome is SealOutcome.SEALED:
+                self._counts["rollouts_sealed"] += 1
+                self.seals += 1
+                self._history.record(
+                    "seal",
+                    r=receipt.rollout_id,
+                    a=receipt.attempt,
+                    ck=receipt.capture_key,
+                    reward=receipt.reward,
+                    seq=self.seals,
+                )
+                log.info(
+                    "sealed",
+                    rollout_id=receipt.rollout_id,
+                    attempt=receipt.attempt,
+                    reward=receipt.reward,
+                    turns=receipt.turns,
+                )
+            elif outcome is SealOutcome.DUPLICATE:
+                self._counts["receipts_duplicate"] += 1
+            else:
+                self._counts["receipts_stale"] += 1
+        self._acknowledge((receipt.rollout_id, receipt.attempt))
+
+    async def failed(self, receipt: Failed) -> None:
+        await self.fail(receipt)
+        self._acknowledge((receipt.rollout_id, receipt.attempt))
+
+    async def fail(self, receipt: Failed) -> None:
+        """A failed attempt, reported by its agent or found stalled: redone by its group's granularity."""
+        ledger = self._state.ledger
+        if not ledger.knows(receipt.rollout_id):
+            self._counts["receipts_stale"] += 1
+            self._history.record(
+                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="failed", outcome="stale"
+            )
+            return
+        plan = ledger.fail(receipt.rollout_id, receipt.attempt, code=receipt.code, turns=receipt.turns)
+        self._history.record(
+            "receipt",
+            r=receipt.rollout_id,
+            a=receipt.attempt,
+            of="failed",
+            outcome="stale" if plan.stale else "failed",
+            code=receipt.code,
+            redo=list(plan.redo),
+            given_up=list(plan.given_up),
+        )
+        if plan.stale:
+            self._counts["receipts_stale"] += 1
+            return
+        self._counts["attempts_failed"] += 1
+        self._counts["rollouts_redone"] += len(plan.redo)
+        self._counts["rollouts_failed"] += len(plan.given_up)
+        log.warning(
+            "attempt_failed",
+            rollout_id=receipt.rollout_id,
+            attempt=receipt.attempt,
+            code=receipt.code,
+            redo=len(plan.redo),
+            given_up=len(plan.given_up),
+        )
+        self._counts["attempts_abandoned"] += len(plan.retire)
+        await self._retirement.retire(plan.retire)
+        self._wake()
+
+    async def _seal_rows(self, receipt: Completed) -> None:
+        request = SealRows(
+            rollout_id=receipt.rollout_id,
+            attempt=receipt.attempt,
+            capture_key=receipt.capture_key,
+            reward=receipt.reward,
+            staging_keys=receipt.staging_keys,
+        )
+        for delay in (0.0, 0.05, 0.2, 0.5, 1.0, 2.0):  # staging rows may still be on their way to TQ
+            await asyncio.sleep(delay)
+            reply = await self._client.request(
+                "tq/0", request, correlation_id=f"seal:{receipt.capture_key}", deadline=time.time() + 30
+            )
+            if not isinstance(reply, Error):
+                return
+            if not reply.retryable:
+                raise ProtocolError(reply.code, reply.detail)
+        raise RuntimeError(f"TQ has no staging rows for {receipt.capture_key} after retries")

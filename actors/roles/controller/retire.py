@@ -1,0 +1,88 @@
+"""Stopping attempts the run gave up on, and fencing them everywhere before their next attempt runs."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter, defaultdict
+
+import structlog
+from parkway.actors.roles.controller.state import RunState
+from parkway.actors.runtime.client import Client
+from parkway.brokers.base import BrokerError
+from parkway.protocol.ids import actor_address
+from parkway.protocol.ledger import AttemptState
+from parkway.protocol.messages import AttemptRef, Error, Retire
+
+log = structlog.get_logger("parkway.controller")
+
+
+def stable_int(*parts: object) -> int:
+    """A seed that is the same in every process and run (Python's hash() is salted per process)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class Retirement:
+    def __init__(self, client: Client, state: RunState, counts: Counter[str]) -> None:
+        self._client, self._state, self._counts = client, state, counts
+        # How many resources replicas a fence goes to; None before a run starts (nothing to fence).
+        self.resources: int | None = None
+        # Attempts lost with an agent process: fenced everywhere before their next attempts are dispatched.
+        self.lost: list[AttemptRef] = []
+
+    async def retire(self, attempts: tuple[tuple[str, int, int], ...]) -> None:
+        """Stop ``(rollout, attempt, replica)`` attempts on their agents, then fence them everywhere."""
+        by_replica: dict[int, list[AttemptRef]] = defaultdict(list)
+        for rollout, attempt, replica in attempts:
+            by_replica[replica].append(AttemptRef(rollout_id=rollout, attempt=attempt))
+        for replica, refs in by_replica.items():
+            command = Retire(
+                checkpoint_id=f"retire-{stable_int(*refs) % 10**12}",
+                deadline=time.time() + 30,
+                attempts=tuple(refs),
+            )
+            reply = await self._client.request(actor_address("agent", replica), command)
+            if isinstance(reply, Error):
+                log.warning("retire_refused", replica=replica, code=reply.code.value, detail=reply.detail)
+                continue
+            for ref in refs:
+                self._state.ledger.retired(ref.rollout_id, ref.attempt)
+                self._counts["attempts_retired"] += 1
+        await self.fence(tuple(ref for refs in by_replica.values() for ref in refs))
+
+    async def retire_pending(self) -> None:
+        """Stop attempts given up on that may still run on an agent."""
+        pending = tuple(
+            (s.rollout_id, a.index, a.replica)
+            for s, a in self._state.ledger.attempts()
+            if a.state is AttemptState.ABANDONED and a.replica is not None
+        )
+        if pending:
+            await self.retire(pending)
+
+    async def fence_lost(self) -> None:
+        """Fence the attempts lost with an agent process, once, before anything is dispatched again."""
+        if self.lost:
+            refs, self.lost = tuple(self.lost), []
+            await self.fence(refs)
+
+    async def fence(self, refs: tuple[AttemptRef, ...]) -> None:
+        """Attempt N is refused everywhere before attempt N+1 is dispatched: the policy aborts its calls
+        and stages none of its tokens, resources end its session, TQ drops rows of it still on the way.
+        (Its agent stopped it, or died with it.) A participant that cannot be reached is named and
+        skipped: it was down, and what it had of the attempt is gone or comes back fenced by a restore."""
+        if not refs or self.resources is None:
+            return
+        command = Retire(
+            checkpoint_id=f"fence-{stable_int(*refs) % 10**12}", deadline=time.time() + 10, attempts=refs
+        )
+        resources = [actor_address("resources", i) for i in range(self.resources)]
+        for address in ("policy/0", *resources, "tq/0"):
+            try:
+                reply = await self._client.request(address, command)
+            except BrokerError as exc:
+                log.warning("fence_not_sent", participant=address, error=str(exc))
+                continue
+            if isinstance(reply, Error):
+                log.warning("fence_refused", participant=address, code=reply.code.value, detail=reply.detail)

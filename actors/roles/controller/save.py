@@ -1,0 +1,445 @@
+"""One coordinated snapshot: the save sequence of ``protocol/snapshot.py``, step by step.
+
+``SAVE_STEPS`` maps every ``SaveStep`` to its implementation (checked at import); ``SaveSequence.save``
+walks ``SAVE_SEQUENCE`` in order with one ``SaveAttempt`` that the steps fill in. A failure at a step
+that ``save_failure_aborts`` is aborted under the snapshot's id everywhere and its temporary directory
+deleted; the previous snapshot stays authoritative. ``save`` returns what it published, or why it
+skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from parkway.actors.roles.controller.fingerprints import expected_topology, fingerprint
+from parkway.actors.roles.controller.host import SnapshotHost
+from parkway.actors.roles.controller.metrics import SnapshotMetrics
+from parkway.actors.roles.controller.participants import Participants
+from parkway.actors.run.config import RunConfig
+from parkway.actors.storage.checks import missing_staging_keys
+from parkway.actors.storage.files import sha256_file
+from parkway.actors.storage.publish import prune, publish, write_ledger_file
+from parkway.actors.storage.runs import RunDirectory
+from parkway.protocol.anchor import LedgerFile
+from parkway.protocol.ids import actor_address, new_checkpoint_id, parse_address
+from parkway.protocol.layout import participant_dir
+from parkway.protocol.manifest import SCHEMA, Manifest, ManifestFile, TrainerMark
+from parkway.protocol.messages import (
+    Commit,
+    Committed,
+    EpisodeRef,
+    Prepare,
+    Prepared,
+    Renew,
+    StatusReport,
+)
+from parkway.protocol.snapshot import (
+    SAVE_SEQUENCE,
+    SaveStep,
+    SnapshotFailure,
+    check_step_table,
+    episode_mismatch,
+    save_failure_aborts,
+)
+
+log = structlog.get_logger("parkway.snapshots")
+
+# What a snapshot would capture, in counters: the boundaries agents passed (turns move without any
+# ledger or TQ change) and the ledger's own movement. Equal to the last published one: nothing to save.
+Progress = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Published:
+    """A snapshot that was published (the answer of ``parkway snapshot`` is made from it)."""
+
+    checkpoint_id: str
+    seq: int
+    path: Path  # its ``snapshot_<seq>`` directory
+    episodes: int  # rollouts saved
+    bytes: int  # every file and the manifest
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A snapshot attempt that saved nothing: nothing moved since the last one."""
+
+    checkpoint_id: str
+    reason: str
+
+
+SaveOutcome = Published | Skipped
+
+
+@dataclass
+class SaveAttempt:
+    """One save, as its steps fill it in."""
+
+    checkpoint_id: str
+    seq: int
+    tmp: Path  # ``tmp_<checkpoint id>``, renamed to ``snapshot_<seq>`` when published
+    deadline: float  # one for every participant's prepare and commit (renewed once if need be)
+    force: bool  # taken even when nothing moved
+    files: list[ManifestFile] = field(default_factory=list)
+    episodes: set[tuple[str, int]] = field(default_factory=set)  # what the agents saved
+    restarts: set[tuple[str, int]] = field(default_factory=set)  # what restart-only ones could not
+    parked: int = 0
+    boundaries: int = 0
+    park_wait_s: float = 0.0  # the longest an agent waited for its rollouts to reach a boundary
+    bytes: int = 0  # what the published snapshot holds: every file and the manifest
+    steps_ms: dict[str, float] = field(default_factory=dict)
+    progress: Progress | None = None
+    skip_reason: str | None = None  # set by the first step when there is nothing to save
+    captured: LedgerFile | None = None  # the ledger and anchor at the cut
+    published: Published | None = None
+
+
+class SaveSequence:
+    def __init__(
+        self,
+        host: SnapshotHost,
+        config: RunConfig,
+        run: RunDirectory,
+        participants: Participants,
+        metrics: SnapshotMetrics,
+        config_fingerprint: str,
+    ) -> None:
+        self.host, self.config, self.run = host, config, run
+        self.participants, self.metrics = participants, metrics
+        self.config_fingerprint = config_fingerprint
+        self.last_progress: Progress | None = None
+        self.on_published: Callable[[Published], None] | None = None  # a test hook
+
+    async def progress(self) -> Progress:
+        boundaries = 0
+        for address in self.participants.addresses("agent"):
+            reply = await self.participants.status(address, "progress")
+            if isinstance(reply, StatusReport):
+                boundaries += reply.counts.get("boundaries", 0)
+                self.host.observe(address, reply)
+        counts = self.host.counts
+        return (
+            boundaries,
+            counts["attempts_dispatched"],
+            counts["rollouts_sealed"],
+            counts["attempts_failed"],
+            counts["train_steps"],
+            len(self.host.ledger.groups),
+        )
+
+    async def remember_progress(self) -> None:
+        """What a restore continues from counts as saved: the next snapshot needs movement after it."""
+        self.last_progress = await self.progress()
+
+    async def save(self, *, force: bool = False, checkpoint_id: str | None = None) -> SaveOutcome:
+        """One snapshot attempt. Raises SnapshotFailure. ``force`` takes it even when nothing moved (a
+        trainer checkpoint needs its own snapshot); ``checkpoint_id`` names it (``parkway snapshot
+        --checkpoint-id``), a fresh id otherwise."""
+        cid = checkpoint_id or new_checkpoint_id("ck")
+        self.participants.began = time.time()
+        seq = self.run.next_seq()
+        attempt = SaveAttempt(
+            checkpoint_id=cid,
+            seq=seq,
+            tmp=self.run.tmp(cid),
+            deadline=time.time() + self.config.prepare_timeout_s,
+            force=force,
+        )
+        started = time.perf_counter()
+        host, history = self.host, self.host.history
+        paused_before = host.paused_s()  # the gate's own clock measures the admission-closed window
+        with structlog.contextvars.bound_contextvars(checkpoint_id=cid):
+            current = SAVE_SEQUENCE[0].name
+            try:
+                for step in SAVE_SEQUENCE:
+                    current = step.name
+                    t0 = time.perf_counter()
+                    host.faults.reach(f"save_{step.name.value}")
+                    history.record("snap", cid=cid, step=step.name.value)
+                    try:
+                        await SAVE_STEPS[step.name](self, attempt, step.stages)
+                    except OSError as exc:
+                        # Storage (a disk that is full, an I/O error, a failed fsync or rename): the
+                        # snapshot is aborted and the next interval tries again.
+                        raise SnapshotFailure(step.name.value, f"storage: {exc}", transient=True) from exc
+                    took = time.perf_counter() - t0
+                    attempt.steps_ms[step.name.value] = round(took * 1000, 3)
+                    self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
+                    host.metrics.snapshot_step(step.name.value, took)
+                    if attempt.skip_reason is not None:
+                        return self._skipped(attempt)
+                    host.faults.reach(f"after_{step.name.value}")
+            except SnapshotFailure as failure:
+                await self._failed(attempt, current, failure)
+                raise
+            finally:
+                window = host.paused_s() - paused_before
+                if window > 0 and host.gate_open:  # a skipped snapshot never closed the gate
+                    self.metrics.pause_ms.append(window * 1000)
+                    host.metrics.snapshot_pause(window)
+        assert attempt.published is not None
+        self.metrics.records.append(
+            {
+                "pause_ms": round(window * 1000, 3),
+                "rollouts": len(attempt.episodes),
+                "parked": attempt.parked,
+                "bytes": attempt.bytes,
+                "park_wait_ms": round(attempt.park_wait_s * 1000, 3),
+                "steps_ms": attempt.steps_ms,
+            }
+        )
+        self.metrics.published += 1
+        host.metrics.snapshot("published")
+        self.metrics.consecutive_failures = 0
+        history.record("snap_done", cid=cid, snapshot=attempt.published.name)
+        log.info(
+            "snapshot_published",
+            checkpoint_id=cid,
+            snapshot=attempt.published.name,
+            episodes=len(attempt.episodes),
+            ms=round((time.perf_counter() - started) * 1000, 3),
+            parked=attempt.parked,
+        )
+        return attempt.published
+
+    def _skipped(self, attempt: SaveAttempt) -> Skipped:
+        assert attempt.skip_reason is not None
+        self.host.history.record("snap_skipped", cid=attempt.checkpoint_id)
+        self.metrics.skipped += 1
+        self.host.metrics.snapshot("skipped")
+        self.metrics.consecutive_failures = 0
+        log.info("snapshot_skipped", reason=attempt.skip_reason)
+        return Skipped(checkpoint_id=attempt.checkpoint_id, reason=attempt.skip_reason)
+
+    async def _failed(self, attempt: SaveAttempt, step: SaveStep, failure: SnapshotFailure) -> None:
+        self.host.history.record(
+            "snap_failed",
+            cid=attempt.checkpoint_id,
+            step=failure.step,
+            detail=failure.detail,
+            transient=failure.transient,
+        )
+        if save_failure_aborts(step):
+            await self.abort(attempt, failure)
+            self.host.faults.reach("after_abort")
+        self.host.open_gate()
+        self.metrics.failed += 1
+        self.metrics.consecutive_failures += 1
+        self.host.metrics.snapshot("failed")
+
+    async def abort(self, attempt: SaveAttempt, failure: SnapshotFailure) -> None:
+        """Abort under the same id everywhere (fencing it), delete the temporary directory."""
+        log.warning("snapshot_aborted", step=failure.step, detail=failure.detail, transient=failure.transient)
+        self.host.history.record("snap_aborted", cid=attempt.checkpoint_id, step=failure.step)
+        await self.participants.abort_everywhere(attempt.checkpoint_id, str(failure))
+        shutil.rmtree(attempt.tmp, ignore_errors=True)
+
+    # -- the steps ------------------------------------------------------------------------------------
+    async def close_gate(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+        attempt.progress = await self.progress()
+        if self.last_progress == attempt.progress and not attempt.force:
+            # No boundary passed, no ledger or TQ change: a snapshot would add nothing.
+            attempt.skip_reason = "nothing new since the last snapshot"
+            return
+        self.host.close_gate()
+
+    async def retire(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+        await self.host.retire_pending()
+
+    async def ack_drain(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+        await self.host.flush_acks()
+
+    async def prepare(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+        cid, deadline = attempt.checkpoint_id, attempt.deadline
+        for stage in stages:
+            replies = await self.participants.ask(
+                stage, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "prepare"
+            )
+            for reply in replies.values():
+                assert isinstance(reply, Prepared)
+                attempt.parked += reply.parked
+                attempt.boundaries += reply.boundaries_passed
+                attempt.park_wait_s = max(attempt.park_wait_s, reply.waited_s)
+                attempt.restarts.update((r.rollout_id, r.attempt) for r in reply.restarts)
+        # Renew the leases once if preparing used more than half of the deadline.
+        if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
+            renewed = time.time() + self.config.prepare_timeout_s
+            attempt.deadline = renewed
+            for stage in stages:
+                await self.participants.ask(
+                    stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew"
+                )
+
+    async def commit(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+        cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
+        scope = self._scope()
+        for stage in stages:
+            replies = await self.participants.ask(
+                stage,
+                lambda a: Commit(
+                    checkpoint_id=cid, deadline=deadline, location=location, episodes=scope.get(a, ())
+                ),
+                "commit",
+            )
+            for address, reply in replies.items():
+                assert isinstance(reply, Committed)
+                self._record_files(attempt, address, reply)
+                if parse_address(address)[0] == "agent":
+                    attempt.episodes.update((e.rollout_id, e.attempt) for e in reply.episodes)
+
+    def _scope(self) -> dict[str, tuple[EpisodeRef, ...]]:
+        """Each agent's exact episode scope: the attempts the ledger has dispatched to it."""
+        scope: dict[str, list[EpisodeRef]] = {}
+        for sibling, attempt in self.host.ledger.attempts():
+            if attempt.state.value == "dispatched" and attempt.replica is not None:
+                scope.setdefault(actor_address("agent", attempt.replica), []).append(
+                    EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=attempt.replica)
+                )
+        everything = tuple(e for refs in scope.values() for e in refs)
+        result = {address: tuple(refs) for address, refs in scope.items()}
+        for address in self.participants.addresses("resources") + self.participants.addresses("policy"):
+            result[address] = everything
+        return result
+
+    @staticmethod
+    def _record_files(attempt: SaveAttempt, address: str, reply: Committed) -> None:
+        """The files a participant wrote, as manifest entries relative to the snapshot directory."""
+        prefix = participant_dir(*parse_address(address))
+        for f in reply.files:
+            attempt.files.append(
+                ManifestFile(
+                    path=str(prefix / f.path),
+                    sha256=f.sha256,
+                    size=f.size,
+                    records=f.records,
+                    checkpoint_id=reply.checkpoint_id,
+                )
+            )
+
+    async def drain_receipts(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+        """A dispatched attempt no agent saved has finished: its receipt is on the wire. Wait for it
+        to seal (or fail) before the cut, event driven, until the deadline."""
+        while True:
+            waiting = self.host.ledger.dispatched() - attempt.episodes - attempt.restarts
+            if not waiting:
+                return
+            remaining = attempt.deadline - time.time()
+            if remaining <= 0:
+                mismatch = episode_mismatch(
+                    attempt.episodes, self.host.ledger.dispatched() - attempt.restarts
+                )
+                raise SnapshotFailure(
+                    "drain_receipts", f"receipts did not arrive: {mismatch}", transient=True
+                )
+            await self.host.wait_for_receipts(remaining)
+
+    async def capture(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+        """TQ and the ledger at one cut: nothing can seal in between (the gate is closed, every rollout
+        parked, receipts drained), and the ledger is encoded right after TQ's commit returns."""
+        cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
+        for stage in stages:
+            replies = await self.participants.ask(
+                stage, lambda _a: Commit(checkpoint_id=cid, deadline=deadline, location=location), "capture"
+            )
+            for address, reply in replies.items():
+                assert isinstance(reply, Committed)
+                self._record_files(attempt, address, reply)
+        attempt.captured = self.host.export_ledger()
+        # No await since the export: the seals made so far are exactly the ones this ledger holds.
+        self.host.history.record("captured", cid=cid, seals=self.host.seals)
+        attempt.files.append(write_ledger_file(attempt.tmp, attempt.captured, cid, self.host.faults))
+
+    async def validate(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+        for address in self.participants.addresses(
+            "agent"
+        ):  # an agent that died and came back lost its rollouts
+            reply = await self.participants.status(address, "alive")
+            if isinstance(reply, StatusReport) and self.host.observe(address, reply):
+                raise SnapshotFailure("validate", f"{address} restarted during the snapshot", transient=True)
+        restarts = attempt.restarts  # restart-only participants' rollouts: not kept, not compared
+        mismatch = episode_mismatch(attempt.episodes - restarts, self.host.ledger.dispatched() - restarts)
+        if mismatch:
+            raise SnapshotFailure(
+                "validate", f"saved episodes differ from the ledger: {mismatch}", transient=False
+            )
+        for entry in attempt.files:
+            path = attempt.tmp / entry.path
+            if not path.is_file() or sha256_file(path) != entry.sha256:
+                raise SnapshotFailure(
+                    "validate", f"{entry.path} is missing or does not match its digest", transient=True
+                )
+        # Every turn an agent saved references a staging row that TQ captured.
+        missing = [key for keys in missing_staging_keys(attempt.tmp, strict=False).values() for key in keys]
+        if missing:
+            raise SnapshotFailure(
+                "validate", f"staging rows not in TQ's capture: {', '.join(missing[:20])}", transient=False
+            )
+
+    async def publish(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+        assert attempt.captured is not None
+        anchor = attempt.captured.controller
+        manifest = Manifest(
+            schema=SCHEMA,
+            checkpoint_id=attempt.checkpoint_id,
+            seq=attempt.seq,
+            run=self.host.run,
+            created_at=time.time(),
+            trainer=TrainerMark(step=anchor.train_steps, policy_version=anchor.policy_version),
+            config_fingerprint=self.config_fingerprint,
+            topology_fingerprint=fingerprint(expected_topology(self.config)),
+            episodes=sorted(attempt.episodes),
+            restarts=sorted(attempt.restarts),
+            files=attempt.files,
+        )
+        publication = publish(self.run, attempt.tmp, manifest, self.host.faults)
+        attempt.bytes = publication.bytes
+        self.host.history.record(
+            "published",
+            cid=attempt.checkpoint_id,
+            snapshot=publication.path.name,
+            episodes=sorted([r, a] for r, a in attempt.episodes),
+        )
+        self.last_progress = attempt.progress
+        prune(self.run, self.config.keep_latest_k)
+        attempt.published = Published(
+            checkpoint_id=attempt.checkpoint_id,
+            seq=attempt.seq,
+            path=publication.path,
+            episodes=len(attempt.episodes),
+            bytes=publication.bytes,
+        )
+        if self.on_published is not None:
+            self.on_published(attempt.published)
+
+    async def resume(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+        await self.participants.resume_all(attempt.checkpoint_id, stages)
+
+    async def open_gate(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+        self.host.open_gate()
+
+
+SaveStepImplementation = Callable[[SaveSequence, SaveAttempt, tuple[str, ...]], Awaitable[None]]
+
+SAVE_STEPS: dict[SaveStep, SaveStepImplementation] = {
+    SaveStep.CLOSE_GATE: SaveSequence.close_gate,
+    SaveStep.RETIRE: SaveSequence.retire,
+    SaveStep.ACK_DRAIN: SaveSequence.ack_drain,
+    SaveStep.PREPARE: SaveSequence.prepare,
+    SaveStep.COMMIT: SaveSequence.commit,
+    SaveStep.DRAIN_RECEIPTS: SaveSequence.drain_receipts,
+    SaveStep.CAPTURE: SaveSequence.capture,
+    SaveStep.VALIDATE: SaveSequence.validate,
+    SaveStep.PUBLISH: SaveSequence.publish,
+    SaveStep.RESUME: SaveSequence.resume,
+    SaveStep.OPEN_GATE: SaveSequence.open_gate,
+}
+check_step_table(SAVE_SEQUENCE, SAVE_STEPS)

@@ -1,0 +1,86 @@
+"""What the controller knows of its run and a snapshot carries: the ledger, the task cursor, the
+trainer's anchor and what the trainer received, kept as sums so that nothing grows with the run."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+from parkway.protocol.anchor import ControllerAnchor, transcripts_hex
+from parkway.protocol.ledger import Ledger
+from parkway.protocol.messages import CanonicalRow
+
+
+def group_index(group_id: str) -> int:
+    """The task index of a group id ``t<index>``."""
+    return int(group_id[1:])
+
+
+def group_id(task_index: int) -> str:
+    return f"t{task_index:04d}"
+
+
+def transcript_digest(row: CanonicalRow) -> int:
+    """A rollout's id and tokens, turn by turn, as a 256-bit number."""
+    h = hashlib.sha256(row.rollout_id.encode())
+    for turn in row.turns:
+        h.update(f"/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
+    return int.from_bytes(h.digest(), "big")
+
+
+class RunState:
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.policy_version = 0
+        self.epoch = 1  # this controller's incarnation: +1 per restore, stamped on every Run
+        # The ledger holds the groups in play; the tasks after the cursor have not been admitted yet.
+        self.next_task = 0
+        self.first_in_play = 0  # restored from an anchor: the groups before it were all trained
+        self.sealed = 0  # logical rollouts whose final attempt the trainer received
+        self.reward_sum = 0.0
+        self.transcripts = 0  # sum of each trained rollout's token digest, mod 2**256
+        self.trained_groups: list[str] = []  # group ids the trainer consumed, those still in play
+
+    def trained(self, row: CanonicalRow) -> None:
+        """The trainer received this rollout."""
+        self.sealed += 1
+        self.reward_sum += row.reward
+        self.transcripts = (self.transcripts + transcript_digest(row)) % 2**256
+
+    def transcripts_sha256(self) -> str:
+        """One digest of every trained rollout's token ids (same seeds, same digest): each rollout's
+        digest is added when the trainer receives it (TQ then drops its rows), in any order."""
+        return hashlib.sha256(f"{self.sealed}:{self.transcripts:064x}".encode()).hexdigest()
+
+    def mean_reward(self) -> float:
+        return self.reward_sum / self.sealed if self.sealed else 0.0
+
+    def anchor(self, counts: Counter[str]) -> ControllerAnchor:
+        """What is saved beside the ledger. ``first_in_play``: every group before it was trained;
+        ``trained_groups`` names the trained ones from there to the cursor (the older are dropped)."""
+        first = min((g.task_index for g in self.ledger.groups.values()), default=self.next_task)
+        self.trained_groups = [g for g in self.trained_groups if group_index(g) >= first]
+        return ControllerAnchor(
+            policy_version=self.policy_version,
+            epoch=self.epoch,
+            train_steps=counts["train_steps"],
+            next_task=self.next_task,
+            first_in_play=first,
+            sealed=self.sealed,
+            reward_sum=self.reward_sum,
+            transcripts=transcripts_hex(self.transcripts),
+            trained_groups=list(self.trained_groups),
+            counts={k: v for k, v in counts.items() if not k.startswith(("error:", "refused:"))},
+        )
+
+    def take_anchor(self, anchor: ControllerAnchor, *, task_count: int) -> None:
+        """Continue from a saved anchor (the ledger is taken separately). Its epoch ended with the
+        controller that wrote it: this one runs as the next."""
+        self.policy_version = anchor.policy_version
+        self.epoch = anchor.epoch + 1
+        self.sealed, self.reward_sum = anchor.sealed, anchor.reward_sum
+        self.transcripts = anchor.transcripts_sum
+        # Before the cursor every task was admitted at the start: all of them are in that ledger.
+        self.next_task = anchor.next_task if anchor.next_task is not None else task_count
+        self.first_in_play = anchor.first_in_play
+        self.trained_groups = list(anchor.trained_groups)

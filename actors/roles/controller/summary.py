@@ -1,0 +1,127 @@
+"""What a run did, summed up at its end: the controller's counters and every participant's."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+
+import msgspec
+from parkway.actors.roles.controller.cluster import participant_addresses
+from parkway.actors.roles.controller.metrics import SnapshotMetrics
+from parkway.actors.roles.controller.state import RunState
+from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime.client import Client
+from parkway.protocol.messages import Status, StatusReport
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    rollouts_expected: int
+    rollouts_sealed: int
+    rollouts_failed: int
+    attempts_dispatched: int
+    attempts_failed: int
+    rollouts_redone: int
+    attempts_abandoned: int
+    attempts_retired: int
+    turns_generated: int
+    turns_regenerated: int
+    model_calls: int
+    tokens_generated: int
+    tool_calls: int
+    tool_mutations_applied: int
+    tool_duplicates_absorbed: int
+    tool_mutations_duplicated: int  # from the resources' own records: must be 0
+    sessions_leaked: int  # tool sessions opened and never retired (must be 0 at the end of a run)
+    receipts_duplicate: int
+    receipts_stale: int
+    acks_sent: int
+    ack_batches: int
+    train_steps: int
+    policy_version: int
+    mean_reward: float
+    wall_s: float
+    rollouts_per_s: float
+    model_calls_per_s: float
+    transcripts_sha256: str
+    snapshots_published: int
+    snapshots_failed: int
+    snapshots_skipped: int
+    pause_ms: dict[str, float]  # admission-closed window per snapshot: p50, p95, max
+    snapshot_steps_ms: dict[str, float]  # median duration of each save step
+    snapshot_bytes: dict[str, float]  # bytes each snapshot wrote: p50, p95, max
+    restores: int
+    rollouts_restored: int
+    rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
+    tool_calls_by_resources: dict[str, int]
+
+
+async def summarize(
+    client: Client,
+    config: RunConfig,
+    *,
+    expected: int,
+    wall: float,
+    state: RunState,
+    counts: Counter[str],
+    metrics: SnapshotMetrics,
+) -> RunSummary:
+    """The summary of a finished run: ``counts`` are the controller's, the participants are asked
+    for theirs (one that does not answer adds nothing)."""
+    theirs: dict[str, int] = defaultdict(int)
+    by_agent: dict[str, int] = {}
+    by_resources: dict[str, int] = {}
+    for address in participant_addresses(config):
+        reply = await client.request(
+            address, Status(checkpoint_id=f"sum-{time.monotonic_ns()}", deadline=time.time() + 10)
+        )
+        if not isinstance(reply, StatusReport):
+            continue
+        for key, value in reply.counts.items():
+            theirs[f"{reply.role}.{key}"] += value
+        if reply.role == "agent":
+            by_agent[address] = reply.counts.get("rollouts_completed", 0) + reply.counts.get(
+                "rollouts_failed", 0
+            )
+        elif reply.role == "resources":
+            by_resources[address] = reply.counts.get("tool_calls", 0)
+    sealed = state.sealed
+    return RunSummary(
+        rollouts_expected=expected,
+        rollouts_sealed=sealed,
+        rollouts_failed=counts["rollouts_failed"],
+        attempts_dispatched=counts["attempts_dispatched"],
+        attempts_failed=counts["attempts_failed"],
+        rollouts_redone=counts["rollouts_redone"],
+        attempts_abandoned=counts["attempts_abandoned"],
+        attempts_retired=counts["attempts_retired"],
+        turns_generated=theirs["tq.staging_rows"],
+        turns_regenerated=theirs["tq.turns_regenerated"],
+        model_calls=theirs["policy.model_calls"],
+        tokens_generated=theirs["policy.tokens_generated"],
+        tool_calls=theirs["resources.tool_calls"],
+        tool_mutations_applied=theirs["resources.tool_mutations_applied"],
+        tool_duplicates_absorbed=theirs["resources.tool_duplicates"],
+        tool_mutations_duplicated=theirs["resources.tool_mutations_duplicated"],
+        sessions_leaked=theirs["resources.sessions_opened"] - theirs["resources.sessions_retired"],
+        receipts_duplicate=counts["receipts_duplicate"],
+        receipts_stale=counts["receipts_stale"],
+        acks_sent=counts["acks_sent"],
+        ack_batches=counts["ack_batches"],
+        train_steps=counts["train_steps"],
+        policy_version=state.policy_version,
+        mean_reward=state.mean_reward(),
+        wall_s=round(wall, 3),
+        rollouts_per_s=round(sealed / wall, 3) if wall else 0.0,
+        model_calls_per_s=round(theirs["policy.model_calls"] / wall, 3) if wall else 0.0,
+        transcripts_sha256=state.transcripts_sha256(),
+        snapshots_published=metrics.published,
+        snapshots_failed=metrics.failed,
+        snapshots_skipped=metrics.skipped,
+        pause_ms=metrics.pause_summary(),
+        snapshot_steps_ms=metrics.phases_summary(),
+        snapshot_bytes=metrics.bytes_summary(),
+        restores=counts["restores"],
+        rollouts_restored=counts["rollouts_restored"],
+        rollouts_by_agent=by_agent,
+        tool_calls_by_resources=by_resources,
+    )

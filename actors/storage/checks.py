@@ -1,0 +1,390 @@
+"""Every problem of one snapshot on disk, not just the first.
+
+``check_snapshot`` finds them all: the manifest cannot be read, is not JSON or does not fit its schema;
+a listed file is missing, has another size (truncated) or another sha256 (flipped bits); a file on disk
+is not listed; the manifest names another run, another sequence number, or lists a file written under
+another checkpoint id; a file holds another number of records than listed; the ledger disagrees with
+the saved episodes; a saved turn references a staging row TQ did not capture. The checks a restore
+makes before it picks a snapshot (``storage.select.verify_snapshot``) are the subset ``deep=False``.
+
+Read-only: nothing here writes, renames or deletes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from parkway.actors.storage.files import files_on_disk, sha256_file
+from parkway.protocol.anchor import decode_ledger_file
+from parkway.protocol.ids import is_valid_checkpoint_id
+from parkway.protocol.layout import (
+    AGENT_ROLLOUTS,
+    LEDGER,
+    MANIFEST,
+    PARTICIPANTS_DIR,
+    RECORDS_SUFFIX,
+    TQ_STAGING,
+    snapshot_dir_name,
+)
+from parkway.protocol.ledger import Ledger
+from parkway.protocol.manifest import SCHEMA, ManifestFile, ManifestHead
+from parkway.protocol.messages import StagingRow
+from parkway.protocol.snapshot import episode_mismatch
+from parkway.protocol.transcript import SavedRollout
+
+
+class Kind(StrEnum):
+    """What is wrong, one word; ``Problem.detail`` says exactly how."""
+
+    UNREADABLE = "unreadable"  # the manifest is missing or cannot be read
+    NOT_JSON = "not_json"  # the manifest is not JSON text
+    SCHEMA = "schema"  # another schema version, a field of the wrong shape, a path outside the snapshot
+    MISSING = "missing"  # a listed file is not on disk (or a file a restore reads is not listed)
+    SIZE = "size"  # a listed file has another size than listed (truncated, or appended to)
+    DIGEST = "digest"  # a listed file has its size but another sha256 (flipped bits)
+    STRAY = "stray"  # a file on disk that the manifest does not list
+    OTHER_RUN = "other_run"  # the manifest names another run than the directory it lies in
+    SEQUENCE = "sequence"  # the manifest's sequence number is not its directory's
+    CHECKPOINT = "checkpoint"  # a listed file was written under another checkpoint id than the manifest's
+    RECORDS = "records"  # a file holds another number of records than listed, or is not MessagePack
+    LEDGER = "ledger"  # the ledger cannot be loaded, or disagrees with the saved episodes
+    STAGING = "staging"  # saved turns reference staging rows that TQ's capture does not hold
+
+
+# What a restore checks before it picks a snapshot (``verify_snapshot``): the manifest (of this run),
+# the digests, and the ledger it loads (it is listed, it loads, it agrees with the saved episodes).
+RESTORE_KINDS = frozenset(
+    {
+        Kind.UNREADABLE,
+        Kind.NOT_JSON,
+        Kind.SCHEMA,
+        Kind.MISSING,
+        Kind.SIZE,
+        Kind.DIGEST,
+        Kind.OTHER_RUN,
+        Kind.LEDGER,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with one file of one snapshot. ``message``: ``<snapshot>: <file> <detail>``."""
+
+    snapshot: str
+    file: str
+    kind: Kind
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.snapshot}: {self.file} {self.detail}"
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "snapshot": self.snapshot,
+            "file": self.file,
+            "kind": self.kind.value,
+            "detail": self.detail,
+            "message": self.message,
+        }
+
+
+def _validation(exc: msgspec.ValidationError, at: str) -> str:
+    return str(exc).replace("`$", f"`{at}")
+
+
+def _inside(directory: Path, relative: str) -> bool:
+    if not relative or Path(relative).is_absolute():
+        return False
+    return os.path.normpath(directory / relative).startswith(os.path.normpath(directory) + os.sep)
+
+
+def read_manifest(directory: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
+    """The manifest as JSON, or None with the problem that stops reading it."""
+    name, path = directory.name, directory / MANIFEST
+
+    def problem(kind: Kind, detail: str) -> tuple[None, list[Problem]]:
+        return None, [Problem(name, MANIFEST, kind, detail)]
+
+    try:
+        text = path.read_bytes().decode()
+    except FileNotFoundError:
+        return problem(Kind.UNREADABLE, "is missing")
+    except OSError as exc:
+        return problem(Kind.UNREADABLE, f"cannot be read: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        return problem(Kind.NOT_JSON, f"is not UTF-8 text: {exc}")
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return problem(Kind.NOT_JSON, f"is not valid JSON: {exc}")
+    if not isinstance(manifest, dict):
+        return problem(Kind.SCHEMA, f"holds a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("schema") != SCHEMA:
+        return problem(Kind.SCHEMA, f"has schema {manifest.get('schema')!r}, expected {SCHEMA}")
+    return manifest, []
+
+
+def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
+    """Every problem of the snapshot in ``directory``; empty when it verifies.
+
+    ``deep=False`` makes only the checks a restore makes before it picks a snapshot: the manifest
+    reads, fits its schema and names this run, every listed file is there with its size and sha256,
+    and the ledger is listed, loads and agrees with the saved episodes."""
+    name = directory.name
+    manifest, problems = read_manifest(directory)
+    if manifest is None:
+        return problems
+
+    head: ManifestHead | None = None
+    try:
+        head = msgspec.convert({k: v for k, v in manifest.items() if k != "files"}, ManifestHead)
+    except msgspec.ValidationError as exc:
+        problems.append(Problem(name, MANIFEST, Kind.SCHEMA, f"does not fit its schema: {exc}"))
+    if head is not None and not is_valid_checkpoint_id(head.checkpoint_id):
+        problems.append(
+            Problem(
+                name,
+                MANIFEST,
+                Kind.SCHEMA,
+                f"has checkpoint id {head.checkpoint_id!r}: not a valid id",
+            )
+        )
+
+    if head is not None and head.run != directory.parent.name:
+        problems.append(
+            Problem(
+                name,
+                MANIFEST,
+                Kind.OTHER_RUN,
+                f"names run {head.run!r}, but lies in the directory of run {directory.parent.name!r}: "
+                "a manifest from another run",
+            )
+        )
+    if deep and head is not None and name != snapshot_dir_name(head.seq):
+        problems.append(
+            Problem(name, MANIFEST, Kind.SEQUENCE, f"says seq {head.seq}, but its directory is {name}")
+        )
+
+    raw_files = manifest.get("files")
+    entries: list[ManifestFile] = []
+    listed: set[str] = set()  # every path the manifest names, well formed or not (none of them is stray)
+    if not isinstance(raw_files, list):
+        problems.append(
+            Problem(
+                name,
+                MANIFEST,
+                Kind.SCHEMA,
+                "does not fit its schema: "
+                + (
+                    "Object missing required field `files`"
+                    if raw_files is None
+                    else "`files` is not an array"
+                ),
+            )
+        )
+        raw_files = []
+    for i, raw in enumerate(raw_files):
+        if isinstance(raw, dict) and isinstance(raw.get("path"), str):
+            listed.add(raw["path"])
+        try:
+            entry = msgspec.convert(raw, ManifestFile)
+        except msgspec.ValidationError as exc:
+            problems.append(
+                Problem(
+                    name,
+                    MANIFEST,
+                    Kind.SCHEMA,
+                    f"does not fit its schema: {_validation(exc, f'$.files[{i}]')}",
+                )
+            )
+            continue
+        if not _inside(directory, entry.path):
+            problems.append(
+                Problem(name, entry.path, Kind.SCHEMA, "is listed, but is not a path inside the snapshot")
+            )
+        elif entry.path == MANIFEST or any(e.path == entry.path for e in entries):
+            problems.append(Problem(name, entry.path, Kind.SCHEMA, "is listed twice"))
+        else:
+            entries.append(entry)
+            if deep and head is not None and entry.checkpoint_id != head.checkpoint_id:
+                problems.append(
+                    Problem(
+                        name,
+                        entry.path,
+                        Kind.CHECKPOINT,
+                        f"was written under checkpoint {entry.checkpoint_id}, "
+                        f"the manifest's is {head.checkpoint_id}",
+                    )
+                )
+
+    intact: set[str] = set()  # listed files that are there with their size and digest
+    for entry in entries:
+        path = directory / entry.path
+        if not path.exists():
+            problems.append(Problem(name, entry.path, Kind.MISSING, "is missing"))
+            continue
+        if not path.is_file():
+            problems.append(Problem(name, entry.path, Kind.MISSING, "is not a regular file"))
+            continue
+        size = path.stat().st_size
+        if size != entry.size:
+            how = "truncated" if size < entry.size else "longer than written"
+            problems.append(
+                Problem(name, entry.path, Kind.SIZE, f"is {size} bytes, manifest says {entry.size} ({how})")
+            )
+            continue
+        digest = sha256_file(path)
+        if digest != entry.sha256:
+            problems.append(
+                Problem(
+                    name,
+                    entry.path,
+                    Kind.DIGEST,
+                    f"does not match its sha256: the manifest says {entry.sha256[:16]}, "
+                    f"the file hashes to {digest[:16]}",
+                )
+            )
+            continue
+        intact.add(entry.path)
+    if LEDGER not in listed:
+        problems.append(
+            Problem(name, LEDGER, Kind.MISSING, "is not listed in the manifest (a restore reads it)")
+        )
+    if LEDGER in intact:
+        problems += _check_ledger(directory, head)
+    if not deep:
+        return problems
+
+    on_disk = files_on_disk(directory)
+    for stray in sorted(set(on_disk) - listed - {MANIFEST, LEDGER}):
+        problems.append(
+            Problem(name, stray, Kind.STRAY, f"is on disk ({on_disk[stray]} bytes) but not in the manifest")
+        )
+
+    decoded: dict[str, Any] = {}
+    for entry in entries:
+        if entry.path not in intact or not entry.path.endswith(RECORDS_SUFFIX) or entry.path == LEDGER:
+            continue  # (the ledger was read above)
+        try:
+            decoded[entry.path] = msgspec.msgpack.decode((directory / entry.path).read_bytes())
+        except msgspec.DecodeError as exc:
+            problems.append(Problem(name, entry.path, Kind.RECORDS, f"is not valid MessagePack: {exc}"))
+            continue
+        value = decoded[entry.path]
+        count = len(value) if isinstance(value, list) else None
+        if count != entry.records:
+            holds = f"{count} records" if count is not None else "no list of records"
+            problems.append(
+                Problem(name, entry.path, Kind.RECORDS, f"holds {holds}, manifest says {entry.records}")
+            )
+
+    if TQ_STAGING in decoded:
+        try:
+            missing = missing_staging_keys(directory, only=intact)
+        except Undecodable as exc:
+            problems.append(Problem(name, exc.path, Kind.RECORDS, f"does not decode: {exc.reason}"))
+            missing = {}
+        for rollouts_file, keys in missing.items():
+            shown = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
+            problems.append(
+                Problem(
+                    name,
+                    rollouts_file,
+                    Kind.STAGING,
+                    f"references staging rows {TQ_STAGING} does not hold: {shown}",
+                )
+            )
+    return problems
+
+
+def _check_ledger(directory: Path, head: ManifestHead | None) -> list[Problem]:
+    """The ledger file decodes, its ledger loads, and its dispatched attempts are the saved episodes
+    (what a restore checks). Without a manifest head to compare with, only that it is MessagePack."""
+    name = directory.name
+
+    def problem(detail: str) -> list[Problem]:
+        return [Problem(name, LEDGER, Kind.LEDGER, detail)]
+
+    try:
+        record = decode_ledger_file((directory / LEDGER).read_bytes())
+    except msgspec.ValidationError as exc:
+        return problem(f"cannot be loaded: ValidationError: {exc}") if head is not None else []
+    except msgspec.DecodeError as exc:
+        return problem(f"cannot be loaded: not MessagePack: {exc}")
+    if head is None:
+        return []
+    try:
+        ledger = Ledger.load(record.ledger)
+    except (KeyError, TypeError, ValueError) as exc:  # msgspec's errors are ValueErrors
+        return problem(f"cannot be loaded: {type(exc).__name__}: {exc}")
+    restarts = head.restart_episodes()
+    mismatch = episode_mismatch(head.saved_episodes() - restarts, ledger.dispatched() - restarts)
+    if mismatch:
+        return problem(f"disagrees with the manifest's episodes: {mismatch}")
+    return []
+
+
+class Undecodable(Exception):
+    """A snapshot file that does not decode as the records it should hold."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def _decode(directory: Path, relative: str, kind: Any) -> Any:
+    try:
+        return msgspec.msgpack.decode((directory / relative).read_bytes(), type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Undecodable(relative, str(exc)) from None
+
+
+class _StagingKey(msgspec.Struct, frozen=True):
+    """A staging row read for its key alone (tokens and logprobs are skipped, never built)."""
+
+    capture_key: str
+    turn: int
+
+
+class _ModelStepKey(msgspec.Struct, frozen=True):
+    staging_key: str
+
+
+class _RolloutKeys(msgspec.Struct, frozen=True):
+    """A saved rollout read for the staging keys of its turns alone."""
+
+    model: tuple[_ModelStepKey, ...]
+
+
+def missing_staging_keys(
+    directory: Path, *, only: set[str] | None = None, strict: bool = True
+) -> dict[str, list[str]]:
+    """Per agent rollouts file: the staging keys its saved turns reference that TQ's capture lacks.
+    ``only``: the files to look at (all by default). ``strict``: decode the records whole, as their
+    types (``snapshots verify``); otherwise read the keys alone, which is what a save's validation
+    needs of files whose digests it has just checked. Raises ``Undecodable``."""
+    staging_type: Any = list[StagingRow] if strict else list[_StagingKey]
+    rollouts_type: Any = list[SavedRollout] if strict else list[_RolloutKeys]
+    captured = {f"{r.capture_key}:{r.turn}" for r in _decode(directory, TQ_STAGING, staging_type)}
+    missing: dict[str, list[str]] = {}
+    for rollouts in sorted((directory / PARTICIPANTS_DIR / "agent").glob(f"*/{AGENT_ROLLOUTS}")):
+        relative = rollouts.relative_to(directory).as_posix()
+        if only is not None and relative not in only:
+            continue
+        keys = [
+            step.staging_key
+            for saved in _decode(directory, relative, rollouts_type)
+            for step in saved.model
+            if step.staging_key not in captured
+        ]
+        if keys:
+            missing[relative] = keys
+    return missing
