@@ -12,6 +12,7 @@ own snapshot root and the exact episode scope.
 from __future__ import annotations
 
 import typing
+from typing import Annotated
 
 import msgspec
 from parkway.protocol import SCHEMA_VERSION
@@ -314,6 +315,22 @@ class ProbeResult(Message, frozen=True, kw_only=True):
 # Data messages
 
 
+class TaskOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """How an agent runs one attempt: the controller's settings for it, carried on ``Run``. Only what
+    differs from the defaults goes on the wire (the keys the controller has always sent)."""
+
+    agent: str = "tool"  # the agent program
+    resources: Annotated[int, msgspec.Meta(ge=0)] | None = (
+        None  # its tool server; None: the agent's own number
+    )
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 160  # per model call
+    fail_at_turn: Annotated[int, msgspec.Meta(ge=0)] | None = None  # an injected failure (faults.*)
+    # A restored attempt: the turns its saved transcript holds (the agent restored that transcript).
+    continue_from: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    tokenizer: str | None = None  # a model directory whose chat template renders the prompts
+    hold_at_turn: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the demo: attempt 0 parks there for good
+
+
 class Run(Message, frozen=True, kw_only=True):
     """Controller -> agent: run (or continue) one attempt of a rollout."""
 
@@ -325,7 +342,7 @@ class Run(Message, frozen=True, kw_only=True):
     max_turns: int = 8
     seed: int = 0
     policy_version: int = 0
-    task: dict[str, object] = {}
+    task: TaskOptions = TaskOptions()
     epoch: int = 0  # the dispatching controller's incarnation (+1 per restore)
 
     def __post_init__(self) -> None:

@@ -120,9 +120,9 @@ class Agent(Participant):
             self.history.record(received(run, "duplicate"))
             return
         self.latest_attempt[run.rollout_id] = run.attempt
-        saved_turns = run.task.get("continue_from")  # the controller's; any other value is no count
-        self.history.record(received(run, "accepted", saved_turns if isinstance(saved_turns, int) else None))
-        replay = self.continuations.pop(run.rollout_id, None) if "continue_from" in run.task else None
+        self.history.record(received(run, "accepted", run.task.continue_from))
+        continuing = run.task.continue_from is not None
+        replay = self.continuations.pop(run.rollout_id, None) if continuing else None
         attempt = Attempt(self, run, replay)
         self.live[key] = attempt
         task = asyncio.get_running_loop().create_task(self._run_attempt(attempt))

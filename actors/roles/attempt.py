@@ -104,7 +104,8 @@ class Attempt:
         self.run = run
         self.replay = replay  # the saved transcript this attempt continues, if it continues one
         self.capture_key = capture_key(run.rollout_id, run.attempt)
-        self.resources = f"resources/{run.task.get('resources', host.replica)}"
+        resources = run.task.resources
+        self.resources = f"resources/{host.replica if resources is None else resources}"
         self.state = RUNNING
         self.model: list[ModelStep] = []
         self.tools: list[ToolStep] = []
@@ -126,7 +127,7 @@ class Attempt:
         released and the cancellation goes on; every other ending is a receipt."""
         run, host = self.run, self.host
         env = ENVIRONMENTS.get(run.env)  # the resources' tool catalogue
-        program_cls = PROGRAMS.get(str(run.task.get("agent", "tool")))
+        program_cls = PROGRAMS.get(run.task.agent)
         ctx = RolloutContext(
             run=run,
             tools=env.tools if env is not None else (),
@@ -140,8 +141,8 @@ class Attempt:
             if env is None:
                 raise RolloutFailure("unknown_env", f"no environment {run.env!r}")
             if program_cls is None:
-                raise RolloutFailure("unknown_agent", f"no agent program {run.task.get('agent')!r}")
-            if "continue_from" in run.task and self.replay is None:
+                raise RolloutFailure("unknown_agent", f"no agent program {run.task.agent!r}")
+            if run.task.continue_from is not None and self.replay is None:
                 raise RolloutFailure("no_continuation", "this replica restored no transcript for it")
             reward = await program_cls().run(ctx)
         except asyncio.CancelledError:
@@ -209,7 +210,7 @@ class Attempt:
         self.host.counts["boundaries"] += 1
         self._end_turn()
         self.mark = (len(self.model), len(self.tools), self.mark[2] + 1)
-        hold = self.run.task.get("hold_at_turn")
+        hold = self.run.task.hold_at_turn
         if hold == len(self.model) and self.run.attempt == 0:
             # A demo's hold (``parkway demo``): stay parked here until the cluster goes away.
             self.host.counts["held_at_boundary"] += 1
@@ -247,8 +248,8 @@ class Attempt:
             call_index=index,
             token_ids=tokens,
             seed=run.seed,
-            max_tokens=int(run.task.get("max_tokens", 160)),  # type: ignore[arg-type]
-            stop_token_ids=chat.tokenizer_for(run.task.get("tokenizer")).stop_token_ids,  # type: ignore[arg-type]
+            max_tokens=run.task.max_tokens,
+            stop_token_ids=chat.tokenizer_for(run.task.tokenizer).stop_token_ids,
             policy_version=run.policy_version,
         )
         self._start_turn(index, replayed=False)

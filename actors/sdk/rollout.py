@@ -79,10 +79,9 @@ class RolloutContext:
     async def generate(self, messages: list[chat.Message]) -> ModelReply:
         """One model call on the rendered conversation (a boundary comes first)."""
         await self.boundary()
-        fail_at = self.run.task.get("fail_at_turn")
-        if isinstance(fail_at, int) and fail_at == self.turns:
+        if self.run.task.fail_at_turn == self.turns:
             raise RolloutFailure("injected", f"fault injected at turn {self.turns}")
-        tokenizer = chat.tokenizer_for(self.run.task.get("tokenizer"))  # type: ignore[arg-type]
+        tokenizer = chat.tokenizer_for(self.run.task.tokenizer)
         generated = await self._generate(self.model_calls, tuple(tokenizer.encode_chat(messages)))
         self.model_calls += 1
         self.turns += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from parkway.actors.roles.agent import Agent
 from parkway.actors.roles.controller.controller import RunSummary, SetupError, SimulatedCrash
@@ -143,7 +144,7 @@ async def test_a_stalled_rollout_is_retried(tmp_path: Path, monkeypatch) -> None
     def hang_one(self, config, rollout, attempt, replica, continue_from=None):
         options = task_options(self, config, rollout, attempt, replica, continue_from)
         if rollout == "t0000_g1":
-            options["hold_at_turn"] = 2  # its first attempt hangs at turn 2 for good
+            options = msgspec.structs.replace(options, hold_at_turn=2)  # its first attempt hangs at turn 2
         return options
 
     monkeypatch.setattr(Dispatcher, "task_options", hang_one)

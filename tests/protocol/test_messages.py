@@ -43,7 +43,15 @@ EXAMPLES: list[m.Message] = [
     ),
     m.Restored(checkpoint_id="rs-1", rollouts=(ATTEMPT,)),
     m.ProbeResult(pid=7, executions=1),
-    m.Run(rollout_id="g1_g0", attempt=0, group_id="g1", env="counter", prompt="add 2", task={"k": 1}, seed=3),
+    m.Run(
+        rollout_id="g1_g0",
+        attempt=0,
+        group_id="g1",
+        env="counter",
+        prompt="add 2",
+        task=m.TaskOptions(agent="counter", resources=1, continue_from=2),
+        seed=3,
+    ),
     m.Generate(rollout_id="g1_g0", attempt=0, call_index=2, token_ids=(1, 2, 3), seed=3, stop_token_ids=(0,)),
     m.Generated(rollout_id="g1_g0", attempt=0, call_index=2, token_ids=(4, 5), logprobs=(-0.1, -0.2)),
     m.ToolCall(
@@ -269,3 +277,49 @@ def test_snapshot_locations_cannot_leave_their_place(
     with pytest.raises(ProtocolError, match=complaint) as caught:
         codec.decode(body, codec.JSON)
     assert caught.value.code is ErrorCode.INVALID_MESSAGE
+
+
+def test_a_run_s_task_options_read_what_the_controller_always_sent() -> None:
+    """The options were a free dict on the wire; they are a typed struct now, reading the same keys (a
+    snapshot's saved Run, or a Run published by hand, from before the change still decodes)."""
+    body = msgspec.msgpack.encode(
+        {
+            "type": "Run",
+            "v": SCHEMA_VERSION,
+            "rollout_id": "t0001_g0",
+            "attempt": 1,
+            "group_id": "t0001",
+            "env": "bank",
+            "prompt": "p",
+            "task": {
+                "agent": "tool",
+                "resources": 1,
+                "max_tokens": 160,
+                "continue_from": 3,
+                "hold_at_turn": 2,
+            },
+        }
+    )
+    run = codec.decode(body, codec.MSGPACK)
+    assert isinstance(run, m.Run)
+    assert run.task == m.TaskOptions(resources=1, max_tokens=160, continue_from=3, hold_at_turn=2)
+    assert codec.decode(codec.encode(run), codec.MSGPACK) == run
+
+
+@pytest.mark.parametrize("task", [{"resources": "1"}, {"max_tokens": 0}, {"continue_from": -1}, {"typo": 1}])
+def test_bad_task_options_are_refused_at_the_edge(task: dict[str, object]) -> None:
+    body = msgspec.json.encode(
+        {
+            "type": "Run",
+            "v": SCHEMA_VERSION,
+            "rollout_id": "a_g0",
+            "attempt": 0,
+            "group_id": "a",
+            "env": "e",
+            "prompt": "p",
+            "task": task,
+        }
+    )
+    with pytest.raises(ProtocolError) as refused:
+        codec.decode(body, codec.JSON)
+    assert refused.value.code is ErrorCode.INVALID_MESSAGE

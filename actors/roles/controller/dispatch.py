@@ -19,7 +19,7 @@ from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.protocol.ids import actor_address, capture_key
 from parkway.protocol.ledger import Granularity
-from parkway.protocol.messages import Failed, Run
+from parkway.protocol.messages import Failed, Run, TaskOptions
 
 log = structlog.get_logger("parkway.controller")
 
@@ -123,12 +123,7 @@ class Dispatcher:
 
     def task_options(
         self, config: RunConfig, rollout: str, attempt: int, replica: int, continue_from: int | None = None
-    ) -> dict[str, object]:
-        options: dict[str, object] = {
-            "agent": config.agent,
-            "resources": replica % config.topology.resources,
-            "max_tokens": config.rollout.max_tokens,
-        }
+    ) -> TaskOptions:
         fail_at = self._faults.get((rollout, attempt))
         rate = config.faults.failure_rate
         if (
@@ -137,15 +132,16 @@ class Dispatcher:
             and stable_int(config.seed, rollout, attempt, "fail") % 10**6 < rate * 10**6
         ):
             fail_at = stable_int(config.seed, rollout, attempt, "turn") % config.rollout.max_turns
-        if fail_at is not None:
-            options["fail_at_turn"] = fail_at
-        if continue_from is not None:
-            options["continue_from"] = continue_from
-        if config.policy.engine == "vllm" and config.policy.model:
-            options["tokenizer"] = config.policy.model  # agents render prompts with the model's own template
-        if rollout in self._holds:
-            options["hold_at_turn"] = self._holds[rollout]
-        return options
+        vllm_model = config.policy.model if config.policy.engine == "vllm" else None
+        return TaskOptions(
+            agent=config.agent,
+            resources=replica % config.topology.resources,
+            max_tokens=config.rollout.max_tokens,
+            fail_at_turn=fail_at,
+            continue_from=continue_from,
+            tokenizer=vllm_model or None,  # agents render prompts with the model's own template
+            hold_at_turn=self._holds.get(rollout),
+        )
 
     # -- the stall watchdog ---------------------------------------------------------------------------
     def stalled(self, timeout_s: float) -> list[tuple[str, int]]:
