@@ -58,3 +58,19 @@ def test_every_folder_of_code_is_a_package() -> None:
         if not (folder / "__init__.py").exists()
     )
     assert not missing, f"add an __init__.py to: {missing}"
+
+
+def test_every_type_ignore_says_why() -> None:
+    """The type checker's exceptions are few and each is explained: on its line after the ignore, or
+    in a comment right above it."""
+    unexplained = []
+    for path in modules():
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if "type: ignore" not in line:
+                continue
+            after = line.split("type: ignore", 1)[1].split("]", 1)[-1]
+            above = lines[number - 1].strip() if number else ""
+            if "#" not in after and not above.startswith("#"):
+                unexplained.append(f"{path.relative_to(ROOT)}:{number + 1}")
+    assert not unexplained, f"say why the checker is wrong here: {unexplained}"

@@ -40,16 +40,12 @@ def build_actor(
     """One actor of ``role``; ``durable`` gives it a state dir (reply journal) under the state root."""
     cls = ROLES[role]
     state_dir = settings.state_root / "state" / settings.run / role / str(replica) if durable else None
-    kwargs: dict[str, object] = {
-        "secret": settings.secret,
-        "replica": replica,
-        "state_dir": state_dir,
-        "faults": FaultPoints(),
-        **role_options(role, config),
-    }
+    options = role_options(role, config)  # each role's own keywords, so typed as Any
     if issubclass(cls, Participant):
-        kwargs["snapshot_root"] = Path(settings.state_root) / "snapshots"
-    return cls(broker, **kwargs)  # type: ignore[arg-type]
+        options["snapshot_root"] = Path(settings.state_root) / "snapshots"
+    return cls(
+        broker, secret=settings.secret, replica=replica, state_dir=state_dir, faults=FaultPoints(), **options
+    )
 
 
 async def serve(

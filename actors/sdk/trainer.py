@@ -74,4 +74,7 @@ class ExampleTrainer(Trainer):
         return {"policy_version": self.policy_version, "steps": len(self.steps)}
 
     def load_state(self, state: dict[str, object]) -> None:
-        self.policy_version = int(state["policy_version"])  # type: ignore[call-overload]
+        version = state["policy_version"]
+        if not isinstance(version, int):
+            raise ValueError(f"trainer state: policy_version {version!r} is not an int")
+        self.policy_version = version
