@@ -80,6 +80,17 @@ def task_group_id(task_index: int) -> str:
     return f"t{task_index:04d}"
 
 
+def parse_task_group_id(group_id: str) -> int:
+    """The task index of a group id: ``t0003`` -> 3 (``t12345`` past 10,000 tasks)."""
+    digits = group_id[1:]
+    if group_id[:1] != "t" or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"group id {group_id!r} is not t<task index>")
+    index = int(digits)
+    if task_group_id(index) != group_id:  # t003, t00012: not what the builder writes
+        raise ValueError(f"group id {group_id!r} is not t<task index in four digits or more>")
+    return index
+
+
 def rollout_id(group_id: str, generation_index: int) -> str:
     """The logical rollout id, stable across retries: ``{group_id}_g{i}``."""
     return f"{group_id}{_GROUP_SEPARATOR}{generation_index}"

@@ -25,7 +25,6 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import msgspec
 from parkway.protocol.history import (
@@ -33,7 +32,6 @@ from parkway.protocol.history import (
     Record,
     encode_line,
     parse_line,
-    record_from_fields,
 )
 
 __all__ = [
@@ -86,17 +84,8 @@ class History:
         name = f"{actor.replace('/', '-')}-{incarnation}.jsonl"
         return cls(history_dir(root, run) / name, actor, incarnation)
 
-    def record(self, fact: Record | str, /, **fields: Any) -> None:
-        """Append one record (its common fields filled in here).
-
-        TRANSITIONAL: ``record("kind", **fields)`` (fields named as in the file) is kept only for the
-        controller's calls until they pass typed records; it is removed then. It builds the typed
-        record even while history is off, so every such call a test reaches is checked against its
-        kind (an unknown kind or field, or a wrong type, raises ``HistoryFormatError``)."""
-        if isinstance(fact, str):
-            fact = record_from_fields(fact, **fields)
-        elif fields:
-            raise TypeError("a typed record takes no keyword fields")
+    def record(self, fact: Record, /) -> None:
+        """Append one record (its common fields filled in here)."""
         if not self.enabled:
             return
         if self._fd is None:

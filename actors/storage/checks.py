@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 from parkway.actors.storage.files import files_on_disk, sha256_file
 from parkway.protocol.anchor import decode_ledger_file
-from parkway.protocol.ids import is_valid_checkpoint_id
+from parkway.protocol.ids import is_valid_checkpoint_id, staging_key
 from parkway.protocol.layout import (
     AGENT_ROLLOUTS,
     LEDGER,
@@ -373,7 +373,7 @@ def missing_staging_keys(
     needs of files whose digests it has just checked. Raises ``Undecodable``."""
     staging_type: Any = list[StagingRow] if strict else list[_StagingKey]
     rollouts_type: Any = list[SavedRollout] if strict else list[_RolloutKeys]
-    captured = {f"{r.capture_key}:{r.turn}" for r in _decode(directory, TQ_STAGING, staging_type)}
+    captured = {staging_key(r.capture_key, r.turn) for r in _decode(directory, TQ_STAGING, staging_type)}
     missing: dict[str, list[str]] = {}
     for rollouts in sorted((directory / PARTICIPANTS_DIR / "agent").glob(f"*/{AGENT_ROLLOUTS}")):
         relative = rollouts.relative_to(directory).as_posix()

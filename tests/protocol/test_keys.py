@@ -6,6 +6,7 @@ import pytest
 from parkway.protocol.ids import (
     capture_key,
     parse_capture_key,
+    parse_task_group_id,
     parse_rollout_id,
     parse_staging_key,
     rollout_id,
@@ -19,6 +20,17 @@ def test_a_task_group_id_is_its_index_in_four_digits() -> None:
     assert parse_rollout_id(rollout_id(task_group_id(12), 2)) == ("t0012", 2)
     with pytest.raises(ValueError, match="negative"):
         task_group_id(-1)
+
+
+@pytest.mark.parametrize("index", [0, 3, 9999, 10000, 123456])
+def test_a_task_group_id_parses_back_to_its_index(index: int) -> None:
+    assert parse_task_group_id(task_group_id(index)) == index
+
+
+@pytest.mark.parametrize("value", ["", "t", "0003", "t003", "t00012", "tx", "t-001", "t²²²²", "g0001"])
+def test_a_group_id_no_builder_makes_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="is not t<task index"):
+        parse_task_group_id(value)
 
 
 @pytest.mark.parametrize(("group", "index"), [("t0000", 0), ("t0003", 12), ("grp_g7", 1), ("a-a1", 3)])

@@ -17,6 +17,7 @@ from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ProtocolError
+from parkway.protocol.history import ReplicaRestarted
 from parkway.protocol.ids import actor_address
 from parkway.protocol.ledger import AttemptState
 from parkway.protocol.messages import AttemptRef, Capabilities, Discover, Status, StatusReport
@@ -144,6 +145,6 @@ class AgentLiveness:
             )
             ledger.restart_after_restore(rollout, continue_saved=False)
         self._counts["attempts_lost_with_replica"] += len(lost)
-        self._history.record("replica_restarted", replica=replica, lost=lost)
+        self._history.record(ReplicaRestarted(replica=replica, lost=tuple(lost)))
         log.warning("agent_replica_restarted", replica=replica, rollouts_restarted=len(lost))
         self._wake()

@@ -40,6 +40,8 @@ from parkway.actors.runtime.actor import Actor
 from parkway.actors.sdk.trainer import ExampleTrainer, Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.history import RunAborted, RunFinished, RunStarted
+from parkway.protocol.ids import rollout_id, task_group_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import Completed, Failed, Message, Snapshot, SnapshotTaken, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure
@@ -196,7 +198,7 @@ class Controller(Actor):
                 raise
             except Exception as exc:
                 log.error("run_aborted", error=f"{type(exc).__name__}: {exc}")
-                self.history.record("run_aborted", error=f"{type(exc).__name__}: {exc}")
+                self.history.record(RunAborted(error=f"{type(exc).__name__}: {exc}"))
                 raise
             log.info(
                 "run_finished",
@@ -205,11 +207,12 @@ class Controller(Actor):
                 wall_s=summary.wall_s,
             )
             self.history.record(
-                "run_finished",
-                sealed=summary.rollouts_sealed,
-                failed=summary.rollouts_failed,
-                expected=summary.rollouts_expected,
-                transcripts_sha256=summary.transcripts_sha256,
+                RunFinished(
+                    sealed=summary.rollouts_sealed,
+                    failed=summary.rollouts_failed,
+                    expected=summary.rollouts_expected,
+                    transcripts_sha256=summary.transcripts_sha256,
+                )
             )
             return summary
 
@@ -269,10 +272,15 @@ class Controller(Actor):
             snapshots=self.snapshots is not None,
         )
         self.history.record(
-            "run_started",
-            restored=restored,
-            epoch=self.state.epoch,
-            expected=[f"t{i:04d}_g{g}" for i in range(len(tasks)) for g in range(config.rollout.group_size)],
+            RunStarted(
+                restored=restored,
+                epoch=self.state.epoch,
+                expected=tuple(
+                    rollout_id(task_group_id(i), g)
+                    for i in range(len(tasks))
+                    for g in range(config.rollout.group_size)
+                ),
+            )
         )
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
         self.run_started_at = started

@@ -12,12 +12,13 @@ import structlog
 from parkway.actors.roles.controller.gate import AdmissionGate
 from parkway.actors.roles.controller.outbox import AckOutbox
 from parkway.actors.roles.controller.retire import Retirement, stable_int
-from parkway.actors.roles.controller.state import RunState, group_id
+from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig, parse_fault
 from parkway.actors.run.tasks import Task
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
-from parkway.protocol.ids import actor_address, capture_key
+from parkway.protocol.history import Dispatched, RolloutStalled
+from parkway.protocol.ids import actor_address, capture_key, task_group_id
 from parkway.protocol.ledger import Granularity
 from parkway.protocol.messages import Failed, Run, TaskOptions
 
@@ -64,7 +65,7 @@ class Dispatcher:
         granularity = Granularity(config.recovery.default_granularity)
         while state.next_task < len(self._tasks) and waiting < want:
             index = state.next_task
-            state.ledger.add_group(group_id(index), index, size, granularity)
+            state.ledger.add_group(task_group_id(index), index, size, granularity)
             state.next_task += 1
             waiting += size
 
@@ -98,12 +99,13 @@ class Dispatcher:
             )
             ledger.dispatch(sibling.rollout_id, attempt, replica)
             self._history.record(
-                "dispatch",
-                r=sibling.rollout_id,
-                a=attempt,
-                epoch=self._state.epoch,
-                replica=replica,
-                continue_from=current.continue_from,
+                Dispatched(
+                    rollout_id=sibling.rollout_id,
+                    attempt=attempt,
+                    epoch=self._state.epoch,
+                    replica=replica,
+                    continue_from=current.continue_from,
+                )
             )
             log.info(
                 "rollout_dispatched",
@@ -162,7 +164,7 @@ class Dispatcher:
             replica = self._state.ledger.sibling(rollout).current.replica
             log.warning("rollout_stalled", rollout_id=rollout, attempt=attempt, timeout_s=timeout_s)
             self._counts["attempts_stalled"] += 1
-            self._history.record("stalled", r=rollout, a=attempt)
+            self._history.record(RolloutStalled(rollout_id=rollout, attempt=attempt))
             if replica is not None:
                 await self._retirement.retire(((rollout, attempt, replica),))
             await fail(Failed(rollout_id=rollout, attempt=attempt, code="stalled"))

@@ -14,6 +14,7 @@ import structlog
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.brokers.base import BrokerError
+from parkway.protocol.history import AcksSent
 from parkway.protocol.ids import actor_address
 from parkway.protocol.messages import Ack, AttemptRef
 
@@ -48,7 +49,9 @@ class AckOutbox:
             )
             self._counts["acks_sent"] += len(refs)
             self._counts["ack_batches"] += 1
-            self._history.record("ack", replica=replica, refs=[[a.rollout_id, a.attempt] for a in refs])
+            self._history.record(
+                AcksSent(replica=replica, refs=tuple((a.rollout_id, a.attempt) for a in refs))
+            )
 
     async def run(self) -> None:
         """Flush every ``ACK_FLUSH_S`` while there is something to send."""

@@ -15,6 +15,7 @@ from parkway.actors.roles.controller.state import RunState
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.protocol.errors import ProtocolError
+from parkway.protocol.history import Receipt, RolloutSealed
 from parkway.protocol.ledger import SealOutcome
 from parkway.protocol.messages import Completed, Error, Failed, SealRows
 
@@ -61,18 +62,24 @@ class Receipts:
                 receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns
             )
             self._history.record(
-                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="completed", outcome=outcome.value
+                Receipt(
+                    rollout_id=receipt.rollout_id,
+                    attempt=receipt.attempt,
+                    of="completed",
+                    outcome=outcome.value,
+                )
             )
             if outcome is SealOutcome.SEALED:
                 self._counts["rollouts_sealed"] += 1
                 self.seals += 1
                 self._history.record(
-                    "seal",
-                    r=receipt.rollout_id,
-                    a=receipt.attempt,
-                    ck=receipt.capture_key,
-                    reward=receipt.reward,
-                    seq=self.seals,
+                    RolloutSealed(
+                        rollout_id=receipt.rollout_id,
+                        attempt=receipt.attempt,
+                        capture_key=receipt.capture_key,
+                        reward=receipt.reward,
+                        seq=self.seals,
+                    )
                 )
                 log.info(
                     "sealed",
@@ -97,19 +104,20 @@ class Receipts:
         if not ledger.knows(receipt.rollout_id):
             self._counts["receipts_stale"] += 1
             self._history.record(
-                "receipt", r=receipt.rollout_id, a=receipt.attempt, of="failed", outcome="stale"
+                Receipt(rollout_id=receipt.rollout_id, attempt=receipt.attempt, of="failed", outcome="stale")
             )
             return
         plan = ledger.fail(receipt.rollout_id, receipt.attempt, code=receipt.code, turns=receipt.turns)
         self._history.record(
-            "receipt",
-            r=receipt.rollout_id,
-            a=receipt.attempt,
-            of="failed",
-            outcome="stale" if plan.stale else "failed",
-            code=receipt.code,
-            redo=list(plan.redo),
-            given_up=list(plan.given_up),
+            Receipt(
+                rollout_id=receipt.rollout_id,
+                attempt=receipt.attempt,
+                of="failed",
+                outcome="stale" if plan.stale else "failed",
+                code=receipt.code,
+                redo=tuple(plan.redo),
+                given_up=tuple(plan.given_up),
+            )
         )
         if plan.stale:
             self._counts["receipts_stale"] += 1

@@ -27,6 +27,7 @@ from parkway.actors.storage.runs import RunDirectory, newest_trainer_step
 from parkway.actors.storage.select import NoValidSnapshot, SnapshotInvalid, select_snapshot
 from parkway.actors.storage.trainer import read_trainer_checkpoint
 from parkway.protocol.anchor import decode_ledger_file
+from parkway.protocol.history import OrphanAborted, RestoreDone, RestoreFailed, RestoreFenced, RestoreStarted
 from parkway.protocol.ids import new_checkpoint_id
 from parkway.protocol.layout import LEDGER
 from parkway.protocol.ledger import Ledger
@@ -106,7 +107,7 @@ class RestoreSequence:
         # One owner cleans up a failed restore: this controller aborts the restore id everywhere,
         # once; nobody else resumes anything (NeMo resumed twice here).
         log.error("restore_failed", step=failure.step, detail=failure.detail)
-        self.host.history.record("restore_failed", rid=attempt.restore_id, step=failure.step)
+        self.host.history.record(RestoreFailed(restore_id=attempt.restore_id, step=failure.step))
         await self.participants.abort_everywhere(attempt.restore_id, f"restore failed: {failure}")
 
     # -- the steps ------------------------------------------------------------------------------------
@@ -121,7 +122,9 @@ class RestoreSequence:
                     attempt.orphans.setdefault(reply.checkpoint_id, []).append(address)
         for checkpoint_id, addresses in attempt.orphans.items():
             log.warning("orphaned_checkpoint", orphan=checkpoint_id, participants=addresses, action="abort")
-            self.host.history.record("orphan_aborted", cid=checkpoint_id, participants=addresses)
+            self.host.history.record(
+                OrphanAborted(checkpoint_id=checkpoint_id, participants=tuple(addresses))
+            )
             abort = Abort(
                 checkpoint_id=checkpoint_id,
                 deadline=time.time() + self.config.prepare_timeout_s,
@@ -170,7 +173,9 @@ class RestoreSequence:
         attempt.scope.enter_context(structlog.contextvars.bound_contextvars(checkpoint_id=rid))
         saved_cid = attempt.manifest.checkpoint_id
         log.info("restore_started", snapshot=attempt.path.name, saved_checkpoint=saved_cid)
-        self.host.history.record("restore_started", rid=rid, snapshot=attempt.path.name, saved_cid=saved_cid)
+        self.host.history.record(
+            RestoreStarted(restore_id=rid, snapshot=attempt.path.name, saved_checkpoint_id=saved_cid)
+        )
 
     async def discover(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
         """The live topology must be the snapshot's."""
@@ -242,13 +247,14 @@ class RestoreSequence:
         await self.fence(attempt, stages)
         continuation = attempt.continuation
         self.host.history.record(
-            "fenced",
-            rid=attempt.restore_id,
-            snapshot=attempt.path.name,
-            saved_cid=attempt.manifest.checkpoint_id,
-            epoch=continuation.epoch,
-            attempts=[[f.rollout_id, f.attempt] for f in continuation.fenced],
-            continued=[[e.rollout_id, e.attempt, e.replica] for e in continuation.continued],
+            RestoreFenced(
+                restore_id=attempt.restore_id,
+                snapshot=attempt.path.name,
+                saved_checkpoint_id=attempt.manifest.checkpoint_id,
+                epoch=continuation.epoch,
+                attempts=tuple((f.rollout_id, f.attempt) for f in continuation.fenced),
+                continued=tuple((e.rollout_id, e.attempt, e.replica) for e in continuation.continued),
+            )
         )
         self.host.faults.reach("after_restore_tq")
 
@@ -263,7 +269,7 @@ class RestoreSequence:
         self.metrics.rollouts_restored += len(attempt.continuation.continued)
         await self.saver.remember_progress()
         log.info("restore_done", snapshot=attempt.path.name, continued=len(attempt.continuation.continued))
-        self.host.history.record("restore_done", rid=attempt.restore_id, snapshot=attempt.path.name)
+        self.host.history.record(RestoreDone(restore_id=attempt.restore_id, snapshot=attempt.path.name))
 
     async def _restore_fallback(self, step: int) -> bool:
         """The newest trainer checkpoint has no snapshot: use its fallback marker."""

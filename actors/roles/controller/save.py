@@ -26,6 +26,15 @@ from parkway.actors.storage.files import sha256_file
 from parkway.actors.storage.publish import prune, publish, write_ledger_file
 from parkway.actors.storage.runs import RunDirectory
 from parkway.protocol.anchor import LedgerFile
+from parkway.protocol.history import (
+    LedgerCaptured,
+    SnapshotAborted,
+    SnapshotDone,
+    SnapshotFailed,
+    SnapshotPublished,
+    SnapshotSkipped,
+    SnapshotStep,
+)
 from parkway.protocol.ids import actor_address, new_checkpoint_id, parse_address
 from parkway.protocol.layout import participant_dir
 from parkway.protocol.manifest import SCHEMA, Manifest, ManifestFile, TrainerMark
@@ -164,7 +173,7 @@ class SaveSequence:
                     current = step.name
                     t0 = time.perf_counter()
                     host.faults.reach(f"save_{step.name.value}")
-                    history.record("snap", cid=cid, step=step.name.value)
+                    history.record(SnapshotStep(checkpoint_id=cid, step=step.name.value))
                     try:
                         await SAVE_STEPS[step.name](self, attempt, step.stages)
                     except OSError as exc:
@@ -200,7 +209,7 @@ class SaveSequence:
         self.metrics.published += 1
         host.metrics.snapshot("published")
         self.metrics.consecutive_failures = 0
-        history.record("snap_done", cid=cid, snapshot=attempt.published.name)
+        history.record(SnapshotDone(checkpoint_id=cid, snapshot=attempt.published.name))
         log.info(
             "snapshot_published",
             checkpoint_id=cid,
@@ -213,7 +222,7 @@ class SaveSequence:
 
     def _skipped(self, attempt: SaveAttempt) -> Skipped:
         assert attempt.skip_reason is not None
-        self.host.history.record("snap_skipped", cid=attempt.checkpoint_id)
+        self.host.history.record(SnapshotSkipped(checkpoint_id=attempt.checkpoint_id))
         self.metrics.skipped += 1
         self.host.metrics.snapshot("skipped")
         self.metrics.consecutive_failures = 0
@@ -222,11 +231,12 @@ class SaveSequence:
 
     async def _failed(self, attempt: SaveAttempt, step: SaveStep, failure: SnapshotFailure) -> None:
         self.host.history.record(
-            "snap_failed",
-            cid=attempt.checkpoint_id,
-            step=failure.step,
-            detail=failure.detail,
-            transient=failure.transient,
+            SnapshotFailed(
+                checkpoint_id=attempt.checkpoint_id,
+                step=failure.step,
+                detail=failure.detail,
+                transient=failure.transient,
+            )
         )
         if save_failure_aborts(step):
             await self.abort(attempt, failure)
@@ -239,7 +249,7 @@ class SaveSequence:
     async def abort(self, attempt: SaveAttempt, failure: SnapshotFailure) -> None:
         """Abort under the same id everywhere (fencing it), delete the temporary directory."""
         log.warning("snapshot_aborted", step=failure.step, detail=failure.detail, transient=failure.transient)
-        self.host.history.record("snap_aborted", cid=attempt.checkpoint_id, step=failure.step)
+        self.host.history.record(SnapshotAborted(checkpoint_id=attempt.checkpoint_id, step=failure.step))
         await self.participants.abort_everywhere(attempt.checkpoint_id, str(failure))
         shutil.rmtree(attempt.tmp, ignore_errors=True)
 
@@ -355,7 +365,7 @@ class SaveSequence:
                 self._record_files(attempt, address, reply)
         attempt.captured = self.host.export_ledger()
         # No await since the export: the seals made so far are exactly the ones this ledger holds.
-        self.host.history.record("captured", cid=cid, seals=self.host.seals)
+        self.host.history.record(LedgerCaptured(checkpoint_id=cid, seals=self.host.seals))
         attempt.files.append(write_ledger_file(attempt.tmp, attempt.captured, cid, self.host.faults))
 
     async def validate(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
@@ -403,10 +413,11 @@ class SaveSequence:
         publication = publish(self.run, attempt.tmp, manifest, self.host.faults)
         attempt.bytes = publication.bytes
         self.host.history.record(
-            "published",
-            cid=attempt.checkpoint_id,
-            snapshot=publication.path.name,
-            episodes=sorted([r, a] for r, a in attempt.episodes),
+            SnapshotPublished(
+                checkpoint_id=attempt.checkpoint_id,
+                snapshot=publication.path.name,
+                episodes=tuple(sorted(attempt.episodes)),
+            )
         )
         self.last_progress = attempt.progress
         prune(self.run, self.config.keep_latest_k)

@@ -7,17 +7,9 @@ import hashlib
 from collections import Counter
 
 from parkway.protocol.anchor import ControllerAnchor, transcripts_hex
+from parkway.protocol.ids import parse_task_group_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import CanonicalRow
-
-
-def group_index(group_id: str) -> int:
-    """The task index of a group id ``t<index>``."""
-    return int(group_id[1:])
-
-
-def group_id(task_index: int) -> str:
-    return f"t{task_index:04d}"
 
 
 def transcript_digest(row: CanonicalRow) -> int:
@@ -59,7 +51,7 @@ class RunState:
         """What is saved beside the ledger. ``first_in_play``: every group before it was trained;
         ``trained_groups`` names the trained ones from there to the cursor (the older are dropped)."""
         first = min((g.task_index for g in self.ledger.groups.values()), default=self.next_task)
-        self.trained_groups = [g for g in self.trained_groups if group_index(g) >= first]
+        self.trained_groups = [g for g in self.trained_groups if parse_task_group_id(g) >= first]
         return ControllerAnchor(
             policy_version=self.policy_version,
             epoch=self.epoch,

@@ -23,6 +23,7 @@ from parkway.actors.tools.report.model import (
     Turn,
 )
 from parkway.actors.tools.report.records import last_session, parse_lines
+from parkway.protocol.ids import parse_rollout_id
 
 MAX_EVENTS = 500  # notable events listed in the HTML page
 
@@ -49,7 +50,7 @@ class TimelineBuilder:
     def rollout(self, rollout_id: str, group_id: str | None = None) -> Rollout:
         rollout = self.timeline.rollouts.get(rollout_id)
         if rollout is None:
-            group = group_id or rollout_id.rpartition("_g")[0] or rollout_id
+            group = group_id or _group_of(rollout_id)
             rollout = self.timeline.rollouts[rollout_id] = Rollout(rollout_id, group)
         elif group_id:
             rollout.group_id = group_id
@@ -315,3 +316,11 @@ def build_timeline(lines: Iterable[bytes | str], run: str) -> Timeline:
     counts.used = len(records)
     timeline.lines = counts
     return timeline
+
+
+def _group_of(rollout_id: str) -> str:
+    """The group a rollout id names; an id no builder made stands for its own group."""
+    try:
+        return parse_rollout_id(rollout_id)[0]
+    except ValueError:
+        return rollout_id

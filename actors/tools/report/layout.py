@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from parkway.actors.tools.report.model import Rollout, Timeline
+from parkway.protocol.ids import parse_rollout_id
 
 
 def row_order(rollout: Rollout) -> tuple[str, int, str]:
     """By group, then by generation index as a number (``t0000_g2`` before ``t0000_g10``)."""
-    index = rollout.rollout_id.rpartition("_g")[2]
-    return (rollout.group_id, int(index) if index.isdigit() else -1, rollout.rollout_id)
+    try:
+        index = parse_rollout_id(rollout.rollout_id)[1]
+    except ValueError:  # a log line's id no builder made: drawn last in its group
+        index = -1
+    return (rollout.group_id, index, rollout.rollout_id)
 
 
 def drawn_rows(timeline: Timeline, max_rows: int) -> tuple[list[Rollout], int]:

@@ -451,11 +451,11 @@ def test_history_is_off_unless_asked_for(tmp_path: Path) -> None:
     assert not off.enabled and not (tmp_path / "history").exists()
     on = History.from_env("run1", "tq/0", {"PARKWAY_STATE_DIR": str(tmp_path), HISTORY_ENV: "1"})
     on.record(RowStaged(capture_key="x", turn=0))
-    # The controller's transitional form (kind and file-named fields) builds the same typed record...
-    on.record("sealed", r="x", a=0, ck="x", turns=[0], replaced=None)
-    # ... and refuses a field its kind does not have, even one named like the kind argument.
+    # A record built from its file-named fields is the same typed record...
+    on.record(record_from_fields("sealed", r="x", a=0, ck="x", turns=[0], replaced=None))
+    # ... and one with a field its kind does not have, even one named like the kind argument, is refused.
     with pytest.raises(HistoryFormatError, match="a sealed record has no field kind"):
-        on.record("sealed", r="x", a=0, kind="a field named like the kind")
+        record_from_fields("sealed", r="x", a=0, kind="a field named like the kind")
     on.close()
     [path] = (tmp_path / "history" / "run1").glob("tq-0-*.jsonl")
     first, second = read_file(path)
