@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from enum import StrEnum
 
 from parkway.protocol.errors import ErrorCode, ProtocolError
 
@@ -46,6 +47,20 @@ def new_checkpoint_id(prefix: str = "ck") -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     millis = int(time.time() * 1000) % 1000
     return validate_checkpoint_id(f"{prefix}-{stamp}.{millis:03d}-{secrets.token_hex(3)}")
+
+
+class Role(StrEnum):
+    """Who an actor is. A role is also its name on the wire and in addresses (``agent/0``)."""
+
+    CONTROLLER = "controller"
+    AGENT = "agent"
+    POLICY = "policy"
+    RESOURCES = "resources"
+    TQ = "tq"
+
+
+# The roles a snapshot holds, in the order a whole-cluster fan-out (abort, orphans, topology) walks them.
+PARTICIPANT_ROLES: tuple[Role, ...] = (Role.AGENT, Role.POLICY, Role.RESOURCES, Role.TQ)
 
 
 def actor_address(role: str, replica: int) -> str:

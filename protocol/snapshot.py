@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
+from parkway.protocol.ids import Role
+
 
 class SaveStep(StrEnum):
     CLOSE_GATE = "close_gate"  # stop dispatching Run; rows waiting behind the gate are not running
@@ -44,27 +46,39 @@ class RestoreStep(StrEnum):
 
 StepName = TypeVar("StepName", SaveStep, RestoreStep)
 
+Stage = tuple[Role, ...]  # the roles asked at once
+
+
+def stages(*names: str) -> tuple[Stage, ...]:
+    """Stages written as role names, several asked at once joined by "+": ``stages("agent", "resources+tq")``."""
+    return tuple(tuple(Role(role) for role in name.split("+")) for name in names)
+
+
+def stage_name(stage: Stage) -> str:
+    """A stage as it is written (``resources+tq``): in fault points and messages."""
+    return "+".join(stage)
+
 
 @dataclass(frozen=True)
 class Step(Generic[StepName]):
     name: StepName
-    # Stages in the order they are asked; the members of a stage are asked at once. A stage is a role,
-    # or roles joined by "+" ("resources+tq": TQ has nothing to park or release, so it needs no stage
-    # of its own, and a stage costs a round trip to the slowest of its members).
-    stages: tuple[str, ...] = ()
+    # Stages in the order they are asked; the members of a stage are asked at once. A stage is one role,
+    # or several (resources and TQ: TQ has nothing to park or release, so it needs no stage of its own,
+    # and a stage costs a round trip to the slowest of its members).
+    stages: tuple[Stage, ...] = ()
 
 
 SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
     Step(SaveStep.CLOSE_GATE),
     Step(SaveStep.RETIRE),
     Step(SaveStep.ACK_DRAIN),
-    Step(SaveStep.PREPARE, ("policy", "agent", "resources+tq")),
-    Step(SaveStep.COMMIT, ("agent", "policy", "resources")),
+    Step(SaveStep.PREPARE, stages("policy", "agent", "resources+tq")),
+    Step(SaveStep.COMMIT, stages("agent", "policy", "resources")),
     Step(SaveStep.DRAIN_RECEIPTS),
-    Step(SaveStep.CAPTURE, ("tq",)),
+    Step(SaveStep.CAPTURE, stages("tq")),
     Step(SaveStep.VALIDATE),
     Step(SaveStep.PUBLISH),
-    Step(SaveStep.RESUME, ("resources+tq", "policy", "agent")),
+    Step(SaveStep.RESUME, stages("resources+tq", "policy", "agent")),
     Step(SaveStep.OPEN_GATE),
 )
 
@@ -73,15 +87,15 @@ SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
 ABORTABLE_UNTIL = SaveStep.PUBLISH
 
 RESTORE_SEQUENCE: tuple[Step[RestoreStep], ...] = (
-    Step(RestoreStep.END_ORPHANS, ("agent", "policy", "resources", "tq")),
+    Step(RestoreStep.END_ORPHANS, stages("agent", "policy", "resources", "tq")),
     Step(RestoreStep.SELECT),
-    Step(RestoreStep.DISCOVER, ("agent", "policy", "resources", "tq")),
+    Step(RestoreStep.DISCOVER, stages("agent", "policy", "resources", "tq")),
     Step(RestoreStep.RESTORE_LEDGER),
-    Step(RestoreStep.RESTORE_PARTICIPANTS, ("agent", "policy", "resources")),
-    Step(RestoreStep.FENCE_PARTICIPANTS, ("agent", "policy", "resources")),
-    Step(RestoreStep.RESTORE_TQ, ("tq",)),
-    Step(RestoreStep.FENCE_TQ, ("tq",)),
-    Step(RestoreStep.RESUME, ("resources", "policy", "agent", "tq")),
+    Step(RestoreStep.RESTORE_PARTICIPANTS, stages("agent", "policy", "resources")),
+    Step(RestoreStep.FENCE_PARTICIPANTS, stages("agent", "policy", "resources")),
+    Step(RestoreStep.RESTORE_TQ, stages("tq")),
+    Step(RestoreStep.FENCE_TQ, stages("tq")),
+    Step(RestoreStep.RESUME, stages("resources", "policy", "agent", "tq")),
     Step(RestoreStep.OPEN_GATE),
 )
 

@@ -21,6 +21,7 @@ from parkway.actors.roles.tq import TransferQueue
 from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
 from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol.ids import Role
 
 SECRET = b"demo"
 HOLDS = {"t0000_g1": 2, "t0000_g2": 4}  # sibling 1 stops after 2 turns, sibling 2 after 4
@@ -83,7 +84,7 @@ async def run_level(level: str, state: Path, progress_line: ProgressLine | None 
     broker, actors, controller = await _cluster(config, state)
     controller.holds = dict(HOLDS)
     workload = asyncio.create_task(controller.run_workload(config, tasks, snapshot_root=state / "snapshots"))
-    agents = [a for a in actors if a.role == "agent"]
+    agents = [a for a in actors if a.role == Role.AGENT]
     first = controller
     async with watching(lambda: describe(f"demo {level}: to the snapshot", first.progress()), progress_line):
         async with asyncio.timeout(60):

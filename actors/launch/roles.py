@@ -8,14 +8,21 @@ from parkway.actors.roles.policy import Policy
 from parkway.actors.roles.resources import Resources
 from parkway.actors.roles.tq import TransferQueue
 from parkway.actors.runtime.actor import Actor
+from parkway.protocol.ids import Role
 
-ROLES: dict[str, type[Actor]] = {
-    "tq": TransferQueue,
-    "policy": Policy,
-    "resources": Resources,
-    "agent": Agent,
-    "controller": Controller,
+ROLES: dict[Role, type[Actor]] = {
+    Role.TQ: TransferQueue,
+    Role.POLICY: Policy,
+    Role.RESOURCES: Resources,
+    Role.AGENT: Agent,
+    Role.CONTROLLER: Controller,
 }
 
 # The default embedded cluster: role -> number of replicas.
-DEFAULT_TOPOLOGY: dict[str, int] = {"tq": 1, "policy": 1, "resources": 2, "agent": 2, "controller": 1}
+DEFAULT_TOPOLOGY: dict[Role, int] = {
+    Role.TQ: 1,
+    Role.POLICY: 1,
+    Role.RESOURCES: 2,
+    Role.AGENT: 2,
+    Role.CONTROLLER: 1,
+}

@@ -24,6 +24,7 @@ from parkway.actors.runtime.metrics import metrics_endpoint
 from parkway.actors.runtime.participant import Participant
 from parkway.actors.runtime.settings import RunSettings
 from parkway.brokers.base import Broker
+from parkway.protocol.ids import Role
 
 log = structlog.get_logger("parkway.service")
 
@@ -38,7 +39,7 @@ def build_actor(
     config: RunConfig | None = None,
 ) -> Actor:
     """One actor of ``role``; ``durable`` gives it a state dir (reply journal) under the state root."""
-    cls = ROLES[role]
+    cls = ROLES[Role(role)]
     state_dir = settings.state_root / "state" / settings.run / role / str(replica) if durable else None
     options = role_options(role, config)  # each role's own keywords, so typed as Any
     if issubclass(cls, Participant):

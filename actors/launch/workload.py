@@ -16,13 +16,14 @@ from parkway.actors.runtime.metrics import metrics_endpoint
 from parkway.actors.runtime.participant import Participant
 from parkway.actors.sdk.trainer import Trainer
 from parkway.brokers.base import Broker
+from parkway.protocol.ids import Role
 
 
 def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
     """Constructor keywords a role takes from the run configuration."""
     if config is None:
         return {}
-    if role == "policy":
+    if role == Role.POLICY:
         from parkway.actors.engines.ray_host import EngineSpec
 
         policy = config.policy
@@ -42,7 +43,7 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             "engines": policy.engines,
             "prefetch": data_prefetch(config),
         }
-    if role == "resources":
+    if role == Role.RESOURCES:
         return {
             "mode": config.resources.mode,
             "tool_delay_s": config.resources.tool_delay_s,
@@ -68,10 +69,10 @@ def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root
 
     actors: list[Actor] = []
     layout = [
-        ("tq", 1),
-        ("policy", 1),
-        ("resources", config.topology.resources),
-        ("agent", config.topology.agents),
+        (Role.TQ, 1),
+        (Role.POLICY, 1),
+        (Role.RESOURCES, config.topology.resources),
+        (Role.AGENT, config.topology.agents),
     ]
     for role, count in layout:
         cls = ROLES[role]

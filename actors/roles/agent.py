@@ -31,7 +31,7 @@ from parkway.protocol.history import (
     ReceiptAcked,
     SnapshotInstalled,
 )
-from parkway.protocol.ids import capture_key
+from parkway.protocol.ids import Role, capture_key
 from parkway.protocol.messages import (
     Ack,
     AttemptRef,
@@ -54,7 +54,7 @@ AttemptKey = tuple[str, int]
 
 
 class Agent(Participant):
-    role = "agent"
+    role = Role.AGENT
     prefetch = 256
 
     def __init__(

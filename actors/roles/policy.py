@@ -33,7 +33,7 @@ from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import GenerationAborted, GenerationFinished, GenerationStarted, Refused
-from parkway.protocol.ids import capture_key, staging_key
+from parkway.protocol.ids import Role, capture_key, staging_key
 from parkway.protocol.messages import (
     AttemptRef,
     Commit,
@@ -53,7 +53,7 @@ log = structlog.get_logger("parkway.policy")
 
 
 class Policy(Participant):
-    role = "policy"
+    role = Role.POLICY
     prefetch = 1024  # generations wait concurrently (on the engines or at the gate)
 
     def __init__(

@@ -37,6 +37,7 @@ from parkway.protocol.history import (
     SessionRestored,
     SessionVerified,
 )
+from parkway.protocol.ids import Role
 from parkway.protocol.messages import (
     AttemptRef,
     Commit,
@@ -73,7 +74,7 @@ class Session:
 
 
 class Resources(Participant):
-    role = "resources"
+    role = Role.RESOURCES
     # Tool calls of every rollout of its replicas run concurrently; a low prefetch would queue them here,
     # and a queued call counts as in flight for a checkpoint (prepare waits for it).
     prefetch = 1024

@@ -18,7 +18,7 @@ import structlog
 from parkway.actors.runtime.participant import Participant, write_records
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Refused, RowSealed, RowStaged, SnapshotInstalled
-from parkway.protocol.ids import parse_capture_key, parse_staging_key
+from parkway.protocol.ids import Role, parse_capture_key, parse_staging_key
 from parkway.protocol.messages import (
     AttemptRef,
     CanonicalRow,
@@ -181,7 +181,7 @@ class TransferStore:
 
 
 class TransferQueue(Participant):
-    role = "tq"
+    role = Role.TQ
     prefetch = 256
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

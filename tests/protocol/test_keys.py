@@ -6,9 +6,9 @@ import pytest
 from parkway.protocol.ids import (
     capture_key,
     parse_capture_key,
-    parse_task_group_id,
     parse_rollout_id,
     parse_staging_key,
+    parse_task_group_id,
     rollout_id,
     staging_key,
     task_group_id,

@@ -22,18 +22,19 @@ from parkway.protocol.history import (
     SessionVerified,
     Started,
 )
+from parkway.protocol.ids import Role
 
 # Records that mean "a message of attempt (r, a) was accepted, acted on", and the role that accepts it.
-ACCEPTANCES: dict[type[Record], str] = {
-    RolloutSealed: "controller",
-    RunReceived: "agent",
-    GenerationStarted: "policy",
-    GenerationFinished: "policy",
-    SessionOpened: "resources",
-    MutationApplied: "resources",
-    SessionVerified: "resources",
-    RowStaged: "tq",
-    RowSealed: "tq",
+ACCEPTANCES: dict[type[Record], Role] = {
+    RolloutSealed: Role.CONTROLLER,
+    RunReceived: Role.AGENT,
+    GenerationStarted: Role.POLICY,
+    GenerationFinished: Role.POLICY,
+    SessionOpened: Role.RESOURCES,
+    MutationApplied: Role.RESOURCES,
+    SessionVerified: Role.RESOURCES,
+    RowStaged: Role.TQ,
+    RowSealed: Role.TQ,
 }
 
 
@@ -45,7 +46,7 @@ def check_fenced_attempts(records: list[Record]) -> CheckResult:
     and the next restore's fence nothing is judged: the restore stops and fences what ran meanwhile."""
     result = CheckResult("fenced_attempts_stay_fenced", "")
     captured_at = {
-        r.checkpoint_id: r.t for r in records if r.role == "controller" and isinstance(r, LedgerCaptured)
+        r.checkpoint_id: r.t for r in records if r.role == Role.CONTROLLER and isinstance(r, LedgerCaptured)
     }
     superseded: dict[tuple[str, int], Record] = {}  # (rollout, attempt) -> the record that superseded it
     controller: str | None = None  # the incarnation whose timeline is live; None between two
@@ -56,7 +57,7 @@ def check_fenced_attempts(records: list[Record]) -> CheckResult:
             superseded.setdefault((rollout, older), record)
 
     for record in records:
-        if record.role == "controller":
+        if record.role == Role.CONTROLLER:
             if isinstance(record, Started):
                 controller = None  # a new controller: the old timeline is over, the new one not yet set
             elif isinstance(record, RestoreFenced):

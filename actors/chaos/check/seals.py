@@ -12,6 +12,7 @@ from parkway.actors.chaos.check.timeline import (
 )
 from parkway.actors.chaos.check.verdict import CheckResult, Violation
 from parkway.protocol.history import Dispatched, Record, RolloutSealed, RowSealed
+from parkway.protocol.ids import Role
 
 
 def check_run_completed(records: list[Record], controllers: list[Incarnation]) -> CheckResult:
@@ -88,7 +89,7 @@ def check_sealed_exactly_once(records: list[Record], controllers: list[Incarnati
             )
         )
     # TQ: a canonical row, once held, is never replaced by another attempt's.
-    for tq in incarnations(records, "tq"):
+    for tq in incarnations(records, Role.TQ):
         for record in tq.of(RowSealed):
             if record.replaced:
                 result.violations.append(

@@ -15,18 +15,19 @@ from parkway.protocol.history import (
     SessionRestored,
     SessionVerified,
 )
+from parkway.protocol.ids import Role
 
 
 def check_no_turn_regenerated(records: list[Record]) -> CheckResult:
     result = CheckResult("no_turn_regenerated", "")
     continuations: dict[tuple[str, int], ContinuationRestored] = {}
     for record in records:
-        if record.role == "agent" and isinstance(record, ContinuationRestored):
+        if record.role == Role.AGENT and isinstance(record, ContinuationRestored):
             continuations[(record.rollout_id, record.attempt)] = record
     calls = 0
     for record in records:
-        asked = record.role == "agent" and isinstance(record, ModelCallSent)
-        generated = record.role == "policy" and isinstance(record, GenerationStarted)
+        asked = record.role == Role.AGENT and isinstance(record, ModelCallSent)
+        generated = record.role == Role.POLICY and isinstance(record, GenerationStarted)
         if not (asked or generated):
             continue
         assert isinstance(record, ModelCallSent | GenerationStarted)
@@ -57,7 +58,7 @@ def check_mutations_exactly_once(records: list[Record], controllers: list[Incarn
     result = CheckResult("mutations_exactly_once", "")
     mutations = 0
     # (a) within each resources process: a session never applies one call index twice.
-    for process in incarnations(records, "resources"):
+    for process in incarnations(records, Role.RESOURCES):
         sessions: dict[str, tuple[int, dict[int, Record]]] = {}
         for record in process.records:
             if isinstance(record, SessionOpened):
@@ -83,7 +84,7 @@ def check_mutations_exactly_once(records: list[Record], controllers: list[Incarn
     chain, _ = surviving_seals(controllers)
     verified: dict[tuple[str, int], SessionVerified] = {}
     for record in records:
-        if record.role == "resources" and isinstance(record, SessionVerified):
+        if record.role == Role.RESOURCES and isinstance(record, SessionVerified):
             verified[(record.rollout_id, record.attempt)] = record
     checked = 0
     for seal in chain:

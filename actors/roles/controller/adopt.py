@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.protocol.anchor import ControllerAnchor
-from parkway.protocol.ids import actor_address, task_group_id
+from parkway.protocol.ids import Role, actor_address, task_group_id
 from parkway.protocol.ledger import AttemptState, Granularity, Ledger
 from parkway.protocol.messages import AttemptRef, EpisodeRef
 
@@ -58,8 +58,8 @@ def adopt_snapshot(
         fenced.append(AttemptRef(rollout_id=rollout, attempt=attempt))
         replica = ledger.sibling(rollout).current.replica or 0
         depends_on = {
-            actor_address("agent", replica),
-            actor_address("resources", replica % config.topology.resources),
+            actor_address(Role.AGENT, replica),
+            actor_address(Role.RESOURCES, replica % config.topology.resources),
         }
         keeps_turns = keep_turns and not depends_on & restart_only  # restart-only: from the prompt
         fresh = ledger.restart_after_restore(

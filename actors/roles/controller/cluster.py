@@ -18,7 +18,7 @@ from parkway.actors.runtime.history import History
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.history import ReplicaRestarted
-from parkway.protocol.ids import actor_address
+from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState
 from parkway.protocol.messages import AttemptRef, Capabilities, Discover, Status, StatusReport
 
@@ -29,8 +29,8 @@ def participant_addresses(config: RunConfig) -> list[str]:
     return [
         "tq/0",
         "policy/0",
-        *(actor_address("resources", i) for i in range(config.topology.resources)),
-        *(actor_address("agent", i) for i in range(config.topology.agents)),
+        *(actor_address(Role.RESOURCES, i) for i in range(config.topology.resources)),
+        *(actor_address(Role.AGENT, i) for i in range(config.topology.agents)),
     ]
 
 
@@ -112,7 +112,7 @@ class AgentLiveness:
     async def poll(self, agents: int) -> None:
         """Ask every agent replica who it is now (one that is down or busy is asked again next time)."""
         for replica in range(agents):
-            address = actor_address("agent", replica)
+            address = actor_address(Role.AGENT, replica)
             try:
                 reply = await self._client.request(
                     address, Status(checkpoint_id=f"alive-{time.monotonic_ns()}", deadline=time.time() + 2)
@@ -125,7 +125,7 @@ class AgentLiveness:
     def observe(self, address: str, report: StatusReport) -> bool:
         """Note an agent's incarnation; True (and its rollouts restarted) when it is a new process."""
         incarnation = (report.pid, report.started_at)
-        if self._incarnations.setdefault(address, incarnation) == incarnation or report.role != "agent":
+        if self._incarnations.setdefault(address, incarnation) == incarnation or report.role != Role.AGENT:
             return False
         self._incarnations[address] = incarnation
         self._replica_restarted(report.replica)

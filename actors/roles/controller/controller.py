@@ -41,7 +41,7 @@ from parkway.actors.sdk.trainer import ExampleTrainer, Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import RunAborted, RunFinished, RunStarted
-from parkway.protocol.ids import rollout_id, task_group_id
+from parkway.protocol.ids import Role, rollout_id, task_group_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import Completed, Failed, Message, Snapshot, SnapshotTaken, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure
@@ -53,7 +53,7 @@ log = structlog.get_logger("parkway.controller")
 
 
 class Controller(Actor):
-    role = "controller"
+    role = Role.CONTROLLER
     prefetch = 256
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -18,7 +18,7 @@ from parkway.actors.run.tasks import Task
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.protocol.history import Dispatched, RolloutStalled
-from parkway.protocol.ids import actor_address, capture_key, task_group_id
+from parkway.protocol.ids import Role, actor_address, capture_key, task_group_id
 from parkway.protocol.ledger import Granularity
 from parkway.protocol.messages import Failed, Run, TaskOptions
 
@@ -120,7 +120,9 @@ class Dispatcher:
             self._counts["attempts_dispatched"] += 1
             in_flight += 1
             await self._client.send(
-                actor_address("agent", replica), run, correlation_id=capture_key(sibling.rollout_id, attempt)
+                actor_address(Role.AGENT, replica),
+                run,
+                correlation_id=capture_key(sibling.rollout_id, attempt),
             )
 
     def task_options(

@@ -8,10 +8,8 @@ from typing import Any
 
 import msgspec
 from parkway.actors.run.config import RunConfig
+from parkway.protocol.ids import PARTICIPANT_ROLES, Role
 from parkway.protocol.messages import Capabilities
-
-# Who takes part in a snapshot, in the order every whole-cluster fan-out walks them.
-PARTICIPANT_ROLES = ("agent", "policy", "resources", "tq")
 
 
 def fingerprint(obj: Any) -> str:
@@ -35,13 +33,13 @@ def config_fingerprint(config: RunConfig) -> str:
     )
 
 
-def replica_count(config: RunConfig, role: str) -> int:
+def replica_count(config: RunConfig, role: Role) -> int:
     """How many replicas of a participant role the configuration runs."""
     return {
-        "tq": 1,
-        "policy": 1,
-        "resources": config.topology.resources,
-        "agent": config.topology.agents,
+        Role.TQ: 1,
+        Role.POLICY: 1,
+        Role.RESOURCES: config.topology.resources,
+        Role.AGENT: config.topology.agents,
     }[role]
 
 

@@ -15,7 +15,7 @@ from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.brokers.base import BrokerError
 from parkway.protocol.history import AcksSent
-from parkway.protocol.ids import actor_address
+from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.messages import Ack, AttemptRef
 
 log = structlog.get_logger("parkway.controller")
@@ -43,7 +43,7 @@ class AckOutbox:
         pending, self._pending = self._pending, defaultdict(list)
         for replica, refs in pending.items():
             await self._client.send(
-                actor_address("agent", replica),
+                actor_address(Role.AGENT, replica),
                 Ack(receipts=tuple(refs)),
                 correlation_id=f"ack-{time.monotonic_ns()}",
             )

@@ -14,14 +14,14 @@ from typing import TypeVar
 
 import anyio
 import structlog
-from parkway.actors.roles.controller.fingerprints import PARTICIPANT_ROLES, replica_count
+from parkway.actors.roles.controller.fingerprints import replica_count
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.run.config import RunConfig
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode
-from parkway.protocol.ids import actor_address, new_checkpoint_id
+from parkway.protocol.ids import PARTICIPANT_ROLES, Role, actor_address, new_checkpoint_id
 from parkway.protocol.messages import Abort, Error, Message, Resume, Status, StatusReport
-from parkway.protocol.snapshot import SnapshotFailure
+from parkway.protocol.snapshot import SnapshotFailure, Stage
 
 log = structlog.get_logger("parkway.snapshots")
 
@@ -51,16 +51,16 @@ class Participants:
         self._host, self._config = host, config
         self.began = 0.0  # when the snapshot (or restore) in progress began: a process started since is new
 
-    def addresses(self, stage: str) -> list[str]:
-        """A stage's participants: one role's replicas, or several roles asked at once (``resources+tq``)."""
-        return [
-            actor_address(role, i)
-            for role in stage.split("+")
-            for i in range(replica_count(self._config, role))
-        ]
+    def replicas(self, role: Role) -> list[str]:
+        """The addresses of one role's replicas."""
+        return [actor_address(role, i) for i in range(replica_count(self._config, role))]
+
+    def addresses(self, stage: Stage) -> list[str]:
+        """A stage's participants: the replicas of each of its roles, asked at once."""
+        return [address for role in stage for address in self.replicas(role)]
 
     def everyone(self) -> list[str]:
-        return [address for role in PARTICIPANT_ROLES for address in self.addresses(role)]
+        return self.addresses(PARTICIPANT_ROLES)
 
     async def request(self, address: str, message: Message) -> Message:
         try:
@@ -74,7 +74,7 @@ class Participants:
             address, Status(checkpoint_id=new_checkpoint_id(purpose), deadline=time.time() + 5)
         )
 
-    async def ask(self, stage: str, make: Callable[[str], Message], step: str) -> dict[str, Message]:
+    async def ask(self, stage: Stage, make: Callable[[str], Message], step: str) -> dict[str, Message]:
         """``make(address)`` to every member of ``stage`` at once; every reply, or a SnapshotFailure."""
         addresses = self.addresses(stage)
         replies = await settle_all([partial(self.request, a, make(a)) for a in addresses])
@@ -104,11 +104,11 @@ class Participants:
             return False
         if not isinstance(reply, StatusReport):
             return False
-        if reply.role == "agent":
+        if reply.role == Role.AGENT:
             self._host.observe(address, reply)  # a new process: its lost rollouts start again
         return reply.started_at >= self.began
 
-    async def resume_all(self, checkpoint_id: str, stages: tuple[str, ...]) -> None:
+    async def resume_all(self, checkpoint_id: str, stages: tuple[Stage, ...]) -> None:
         """Resume every participant under the same id, stage by stage (a stage's members at once); one
         that does not answer is ``published_release_pending`` and is asked again (same id,
         idempotent) until it answers."""

@@ -37,9 +37,11 @@ from parkway.protocol.snapshot import (
     RESTORE_SEQUENCE,
     RestoreStep,
     SnapshotFailure,
+    Stage,
     check_step_table,
     episode_mismatch,
     restore_failure_aborts,
+    stage_name,
 )
 
 log = structlog.get_logger("parkway.snapshots")
@@ -111,7 +113,7 @@ class RestoreSequence:
         await self.participants.abort_everywhere(attempt.restore_id, f"restore failed: {failure}")
 
     # -- the steps ------------------------------------------------------------------------------------
-    async def end_orphans(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
+    async def end_orphans(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         """A controller that died mid-snapshot leaves live participants in its checkpoint (prepared,
         committed). This controller never owned that id: it aborts it everywhere before anything else,
         instead of waiting for the leases to lapse or failing the restore on a conflict."""
@@ -141,7 +143,7 @@ class RestoreSequence:
                         transient=reply.retryable,
                     )
 
-    async def select(self, attempt: RestoreAttempt, _: tuple[str, ...]) -> None:
+    async def select(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
         trainer_step = newest_trainer_step(self.run.path)
         broken: list[str] = []
         selected = select_snapshot(
@@ -177,7 +179,7 @@ class RestoreSequence:
             RestoreStarted(restore_id=rid, snapshot=attempt.path.name, saved_checkpoint_id=saved_cid)
         )
 
-    async def discover(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
+    async def discover(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         """The live topology must be the snapshot's."""
         assert attempt.manifest is not None
         capabilities = []
@@ -194,7 +196,7 @@ class RestoreSequence:
                 f"{[(c.role, c.replica) for c in capabilities]}"
             )
 
-    async def restore_ledger(self, attempt: RestoreAttempt, _: tuple[str, ...]) -> None:
+    async def restore_ledger(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
         assert attempt.manifest is not None
         attempt.deadline = time.time() + self.config.prepare_timeout_s
         record = decode_ledger_file((attempt.path / LEDGER).read_bytes())
@@ -206,7 +208,7 @@ class RestoreSequence:
         # Rollouts a restart-only participant could not save restart from their prompt.
         attempt.continuation = self.host.adopt(ledger, record.controller, saved_episodes=saved - restarts)
 
-    async def restore_participants(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
+    async def restore_participants(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         """Agents first: they stop whatever the fresh processes picked up from the dead cluster's
         queues; then the attempts the snapshot had running are fenced everywhere."""
         assert attempt.continuation is not None
@@ -220,14 +222,14 @@ class RestoreSequence:
                 ),
                 "restore",
             )
-            self.host.faults.reach(f"after_restore_{stage}")
+            self.host.faults.reach(f"after_restore_{stage_name(stage)}")
 
-    async def fence(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
+    async def fence(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         fence = attempt.fence()
         for stage in stages:
             await self.participants.ask(stage, lambda _a: fence, "fence")
 
-    async def restore_tq(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
+    async def restore_tq(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         """TQ last, so that nothing generated before the fence survives in it."""
         assert attempt.continuation is not None
         rid, deadline, location = attempt.restore_id, attempt.deadline, attempt.path.name
@@ -239,7 +241,7 @@ class RestoreSequence:
                 "restore_tq",
             )
 
-    async def fence_tq(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
+    async def fence_tq(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         """After its restore, which drops the old fences. From here on attempt N of every restored
         rollout is fenced on every participant (TQ's store replaced by the snapshot's), and attempt
         N+1 exists."""
@@ -258,10 +260,10 @@ class RestoreSequence:
         )
         self.host.faults.reach("after_restore_tq")
 
-    async def resume(self, attempt: RestoreAttempt, stages: tuple[str, ...]) -> None:
+    async def resume(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         await self.participants.resume_all(attempt.restore_id, stages)  # once, by this owner only
 
-    async def open_gate(self, attempt: RestoreAttempt, _: tuple[str, ...]) -> None:
+    async def open_gate(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
         assert attempt.continuation is not None
         self.host.open_gate()  # (open since the start: nothing was dispatched before the restore)
         self.metrics.restores += 1
@@ -286,7 +288,7 @@ class RestoreSequence:
         return True
 
 
-RestoreStepImplementation = Callable[[RestoreSequence, RestoreAttempt, tuple[str, ...]], Awaitable[None]]
+RestoreStepImplementation = Callable[[RestoreSequence, RestoreAttempt, tuple[Stage, ...]], Awaitable[None]]
 
 RESTORE_STEPS: dict[RestoreStep, RestoreStepImplementation] = {
     RestoreStep.END_ORPHANS: RestoreSequence.end_orphans,

@@ -10,7 +10,7 @@ import structlog
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.runtime.client import Client
 from parkway.brokers.base import BrokerError
-from parkway.protocol.ids import actor_address
+from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState
 from parkway.protocol.messages import AttemptRef, Error, Retire
 
@@ -42,7 +42,7 @@ class Retirement:
                 deadline=time.time() + 30,
                 attempts=tuple(refs),
             )
-            reply = await self._client.request(actor_address("agent", replica), command)
+            reply = await self._client.request(actor_address(Role.AGENT, replica), command)
             if isinstance(reply, Error):
                 log.warning("retire_refused", replica=replica, code=reply.code.value, detail=reply.detail)
                 continue
@@ -77,7 +77,7 @@ class Retirement:
         command = Retire(
             checkpoint_id=f"fence-{stable_int(*refs) % 10**12}", deadline=time.time() + 10, attempts=refs
         )
-        resources = [actor_address("resources", i) for i in range(self.resources)]
+        resources = [actor_address(Role.RESOURCES, i) for i in range(self.resources)]
         for address in ("policy/0", *resources, "tq/0"):
             try:
                 reply = await self._client.request(address, command)

@@ -35,7 +35,7 @@ from parkway.protocol.history import (
     SnapshotSkipped,
     SnapshotStep,
 )
-from parkway.protocol.ids import actor_address, new_checkpoint_id, parse_address
+from parkway.protocol.ids import Role, actor_address, new_checkpoint_id, parse_address
 from parkway.protocol.layout import participant_dir
 from parkway.protocol.manifest import SCHEMA, Manifest, ManifestFile, TrainerMark
 from parkway.protocol.messages import (
@@ -51,6 +51,7 @@ from parkway.protocol.snapshot import (
     SAVE_SEQUENCE,
     SaveStep,
     SnapshotFailure,
+    Stage,
     check_step_table,
     episode_mismatch,
     save_failure_aborts,
@@ -130,7 +131,7 @@ class SaveSequence:
 
     async def progress(self) -> Progress:
         boundaries = 0
-        for address in self.participants.addresses("agent"):
+        for address in self.participants.replicas(Role.AGENT):
             reply = await self.participants.status(address, "progress")
             if isinstance(reply, StatusReport):
                 boundaries += reply.counts.get("boundaries", 0)
@@ -254,7 +255,7 @@ class SaveSequence:
         shutil.rmtree(attempt.tmp, ignore_errors=True)
 
     # -- the steps ------------------------------------------------------------------------------------
-    async def close_gate(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+    async def close_gate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         attempt.progress = await self.progress()
         if self.last_progress == attempt.progress and not attempt.force:
             # No boundary passed, no ledger or TQ change: a snapshot would add nothing.
@@ -262,13 +263,13 @@ class SaveSequence:
             return
         self.host.close_gate()
 
-    async def retire(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+    async def retire(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         await self.host.retire_pending()
 
-    async def ack_drain(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+    async def ack_drain(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         await self.host.flush_acks()
 
-    async def prepare(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+    async def prepare(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         cid, deadline = attempt.checkpoint_id, attempt.deadline
         for stage in stages:
             replies = await self.participants.ask(
@@ -289,7 +290,7 @@ class SaveSequence:
                     stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew"
                 )
 
-    async def commit(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+    async def commit(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
         scope = self._scope()
         for stage in stages:
@@ -303,7 +304,7 @@ class SaveSequence:
             for address, reply in replies.items():
                 assert isinstance(reply, Committed)
                 self._record_files(attempt, address, reply)
-                if parse_address(address)[0] == "agent":
+                if parse_address(address)[0] == Role.AGENT:
                     attempt.episodes.update((e.rollout_id, e.attempt) for e in reply.episodes)
 
     def _scope(self) -> dict[str, tuple[EpisodeRef, ...]]:
@@ -311,12 +312,12 @@ class SaveSequence:
         scope: dict[str, list[EpisodeRef]] = {}
         for sibling, attempt in self.host.ledger.attempts():
             if attempt.state.value == "dispatched" and attempt.replica is not None:
-                scope.setdefault(actor_address("agent", attempt.replica), []).append(
+                scope.setdefault(actor_address(Role.AGENT, attempt.replica), []).append(
                     EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=attempt.replica)
                 )
         everything = tuple(e for refs in scope.values() for e in refs)
         result = {address: tuple(refs) for address, refs in scope.items()}
-        for address in self.participants.addresses("resources") + self.participants.addresses("policy"):
+        for address in self.participants.addresses((Role.RESOURCES, Role.POLICY)):
             result[address] = everything
         return result
 
@@ -335,7 +336,7 @@ class SaveSequence:
                 )
             )
 
-    async def drain_receipts(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+    async def drain_receipts(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         """A dispatched attempt no agent saved has finished: its receipt is on the wire. Wait for it
         to seal (or fail) before the cut, event driven, until the deadline."""
         while True:
@@ -352,7 +353,7 @@ class SaveSequence:
                 )
             await self.host.wait_for_receipts(remaining)
 
-    async def capture(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+    async def capture(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """TQ and the ledger at one cut: nothing can seal in between (the gate is closed, every rollout
         parked, receipts drained), and the ledger is encoded right after TQ's commit returns."""
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
@@ -368,10 +369,9 @@ class SaveSequence:
         self.host.history.record(LedgerCaptured(checkpoint_id=cid, seals=self.host.seals))
         attempt.files.append(write_ledger_file(attempt.tmp, attempt.captured, cid, self.host.faults))
 
-    async def validate(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
-        for address in self.participants.addresses(
-            "agent"
-        ):  # an agent that died and came back lost its rollouts
+    async def validate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
+        # An agent that died and came back lost its rollouts.
+        for address in self.participants.replicas(Role.AGENT):
             reply = await self.participants.status(address, "alive")
             if isinstance(reply, StatusReport) and self.host.observe(address, reply):
                 raise SnapshotFailure("validate", f"{address} restarted during the snapshot", transient=True)
@@ -394,7 +394,7 @@ class SaveSequence:
                 "validate", f"staging rows not in TQ's capture: {', '.join(missing[:20])}", transient=False
             )
 
-    async def publish(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+    async def publish(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         assert attempt.captured is not None
         anchor = attempt.captured.controller
         manifest = Manifest(
@@ -431,14 +431,14 @@ class SaveSequence:
         if self.on_published is not None:
             self.on_published(attempt.published)
 
-    async def resume(self, attempt: SaveAttempt, stages: tuple[str, ...]) -> None:
+    async def resume(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         await self.participants.resume_all(attempt.checkpoint_id, stages)
 
-    async def open_gate(self, attempt: SaveAttempt, _: tuple[str, ...]) -> None:
+    async def open_gate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         self.host.open_gate()
 
 
-SaveStepImplementation = Callable[[SaveSequence, SaveAttempt, tuple[str, ...]], Awaitable[None]]
+SaveStepImplementation = Callable[[SaveSequence, SaveAttempt, tuple[Stage, ...]], Awaitable[None]]
 
 SAVE_STEPS: dict[SaveStep, SaveStepImplementation] = {
     SaveStep.CLOSE_GATE: SaveSequence.close_gate,

@@ -11,6 +11,7 @@ from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
+from parkway.protocol.ids import Role
 from parkway.protocol.messages import Status, StatusReport
 
 
@@ -78,11 +79,11 @@ async def summarize(
             continue
         for key, value in reply.counts.items():
             theirs[f"{reply.role}.{key}"] += value
-        if reply.role == "agent":
+        if reply.role == Role.AGENT:
             by_agent[address] = reply.counts.get("rollouts_completed", 0) + reply.counts.get(
                 "rollouts_failed", 0
             )
-        elif reply.role == "resources":
+        elif reply.role == Role.RESOURCES:
             by_resources[address] = reply.counts.get("tool_calls", 0)
     sealed = state.sealed
     return RunSummary(

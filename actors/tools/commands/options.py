@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 from parkway.actors.launch.roles import ROLES
 from parkway.actors.runtime.settings import SettingsError
-from parkway.protocol.ids import actor_address
+from parkway.protocol.ids import Role, actor_address
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -39,7 +40,7 @@ def progress_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def topology_text(topology: dict[str, int]) -> str:
+def topology_text(topology: Mapping[Role, int]) -> str:
     return ",".join(f"{role}={n}" for role, n in topology.items())
 
 
