@@ -1,4 +1,8 @@
-"""The names of a snapshot root on disk, defined once.
+"""The names parkway gives things on disk, defined once.
+
+Under the state directory (``$PARKWAY_STATE_DIR``): ``snapshots/<run>/`` (below), ``history/<run>/``
+(each process's history file, with ``PARKWAY_HISTORY=1``) and ``state/<run>/<role>/<replica>/`` (an
+actor's reply journal, for actors started durable). A snapshot root:
 
     <root>/<run>/snapshot_<seq>/manifest.json          what the snapshot holds (``protocol/manifest.py``)
                                /ledger.msgpack         the ledger and the controller's anchor
@@ -16,6 +20,10 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
+
+SNAPSHOTS_DIR = "snapshots"  # under the state directory: one folder per run
+HISTORY_DIR = "history"
+ACTOR_STATE_DIR = "state"
 
 MANIFEST = "manifest.json"
 LEDGER = "ledger.msgpack"

@@ -53,6 +53,7 @@ from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History, history_dir, read_file
 from parkway.brokers.base import BrokerError
 from parkway.protocol.history import FaultInjected, Record, SnapshotStep, UnplannedExit
+from parkway.protocol.layout import SNAPSHOTS_DIR
 from parkway.protocol.messages import Status, StatusReport
 
 POLL_S = 0.02  # how often the harness looks at its processes and the controller's history
@@ -502,7 +503,7 @@ async def run_chaos(options: Options) -> ChaosResult:
                 if node is None:  # a shared broker keeps nothing of ours (a node of our own goes whole)
                     await delete_run(url, workload.run)
             if results[-1].passed and not options.keep_passing:
-                shutil.rmtree(workload.root / "state" / "snapshots", ignore_errors=True)
+                shutil.rmtree(workload.root / "state" / SNAPSHOTS_DIR, ignore_errors=True)
     finally:
         if node is not None:
             await asyncio.to_thread(node.stop)

@@ -22,6 +22,7 @@ from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.ids import Role
+from parkway.protocol.layout import SNAPSHOTS_DIR
 
 SECRET = b"demo"
 HOLDS = {"t0000_g1": 2, "t0000_g2": 4}  # sibling 1 stops after 2 turns, sibling 2 after 4
@@ -83,7 +84,9 @@ async def run_level(level: str, state: Path, progress_line: ProgressLine | None 
     # Phase 1: run until sibling 0 is sealed and siblings 1 and 2 are parked at their turns.
     broker, actors, controller = await _cluster(config, state)
     controller.holds = dict(HOLDS)
-    workload = asyncio.create_task(controller.run_workload(config, tasks, snapshot_root=state / "snapshots"))
+    workload = asyncio.create_task(
+        controller.run_workload(config, tasks, snapshot_root=state / SNAPSHOTS_DIR)
+    )
     agents = [a for a in actors if a.role == Role.AGENT]
     first = controller
     async with watching(lambda: describe(f"demo {level}: to the snapshot", first.progress()), progress_line):
@@ -103,7 +106,7 @@ async def run_level(level: str, state: Path, progress_line: ProgressLine | None 
     broker, actors, controller = await _cluster(config, state)
     second = controller
     async with watching(lambda: describe(f"demo {level}: after the crash", second.progress()), progress_line):
-        summary = await controller.run_workload(config, tasks, snapshot_root=state / "snapshots")
+        summary = await controller.run_workload(config, tasks, snapshot_root=state / SNAPSHOTS_DIR)
     tq = next(a for a in actors if isinstance(a, TransferQueue))
     regenerated = {
         r: sum(n - 1 for (k, _), n in tq.store.generations.items() if k == r and n > 1) for r in SIBLINGS

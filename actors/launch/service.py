@@ -25,6 +25,7 @@ from parkway.actors.runtime.participant import Participant
 from parkway.actors.runtime.settings import RunSettings
 from parkway.brokers.base import Broker
 from parkway.protocol.ids import Role
+from parkway.protocol.layout import ACTOR_STATE_DIR, SNAPSHOTS_DIR
 
 log = structlog.get_logger("parkway.service")
 
@@ -40,10 +41,12 @@ def build_actor(
 ) -> Actor:
     """One actor of ``role``; ``durable`` gives it a state dir (reply journal) under the state root."""
     cls = ROLES[Role(role)]
-    state_dir = settings.state_root / "state" / settings.run / role / str(replica) if durable else None
+    state_dir = (
+        settings.state_root / ACTOR_STATE_DIR / settings.run / role / str(replica) if durable else None
+    )
     options = role_options(role, config)  # each role's own keywords, so typed as Any
     if issubclass(cls, Participant):
-        options["snapshot_root"] = Path(settings.state_root) / "snapshots"
+        options["snapshot_root"] = Path(settings.state_root) / SNAPSHOTS_DIR
     return cls(
         broker, secret=settings.secret, replica=replica, state_dir=state_dir, faults=FaultPoints(), **options
     )

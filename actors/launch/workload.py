@@ -17,6 +17,7 @@ from parkway.actors.runtime.participant import Participant
 from parkway.actors.sdk.trainer import Trainer
 from parkway.brokers.base import Broker
 from parkway.protocol.ids import Role
+from parkway.protocol.layout import SNAPSHOTS_DIR
 
 
 def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
@@ -79,7 +80,7 @@ def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root
         for replica in range(count):
             kwargs: dict[str, Any] = {"secret": secret, "replica": replica, **role_options(role, config)}
             if issubclass(cls, Participant):
-                kwargs["snapshot_root"] = state_root / "snapshots"
+                kwargs["snapshot_root"] = state_root / SNAPSHOTS_DIR
             actors.append(cls(broker, **kwargs))
     return actors
 
@@ -118,7 +119,7 @@ async def run_workload(
                 config,
                 tasks,
                 trainer,
-                snapshot_root=state_root / "snapshots" if snapshots else None,
+                snapshot_root=state_root / SNAPSHOTS_DIR if snapshots else None,
                 stop_after_snapshots=stop_after_snapshots,
             )
         finally:

@@ -33,6 +33,7 @@ from parkway.protocol.history import (
     encode_line,
     parse_line,
 )
+from parkway.protocol.layout import HISTORY_DIR
 
 __all__ = [
     "HISTORY_DIR",
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 HISTORY_ENV = "PARKWAY_HISTORY"
-HISTORY_DIR = "history"
 _ON = frozenset({"1", "true", "yes", "on"})
 
 _incarnations: dict[str, int] = {}  # actor -> histories made for it in this process

@@ -23,7 +23,7 @@ from typing import Any
 from parkway.actors.runtime.settings import RunSettings, SettingsError
 from parkway.actors.storage.checks import Problem, check_snapshot
 from parkway.actors.storage.inventory import RunInventory, SnapshotInfo, inventory
-from parkway.protocol.layout import writer_of
+from parkway.protocol.layout import SNAPSHOTS_DIR, writer_of
 
 
 class UsageError(Exception):
@@ -89,7 +89,7 @@ def _load(args: argparse.Namespace) -> RunInventory:
         raise UsageError(str(exc)) from None
     if args.config:  # as the controller computes it: of the configuration as loaded
         fingerprint, source = config_fingerprint(config), f"--config {args.config}"
-    root = Path(args.root) if args.root else settings.state_root / "snapshots"
+    root = Path(args.root) if args.root else settings.state_root / SNAPSHOTS_DIR
     run_dir = root / settings.run
     if not run_dir.is_dir():
         runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

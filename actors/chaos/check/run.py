@@ -8,6 +8,7 @@ from pathlib import Path
 from parkway.actors.runtime.history import HISTORY_ENV, history_dir, read_history
 from parkway.actors.storage.inventory import check_snapshot, list_snapshots
 from parkway.protocol.history import Record
+from parkway.protocol.layout import SNAPSHOTS_DIR
 
 
 @dataclass
@@ -27,6 +28,6 @@ def load_run(state_root: Path, run: str, *, chaos: bool = False) -> RunHistory:
         raise FileNotFoundError(f"no history of run {run!r} under {state_root} (was {HISTORY_ENV}=1 set?)")
     snapshots = {
         path.name: [p.message for p in check_snapshot(path, deep=True)]
-        for _, path in list_snapshots(state_root / "snapshots" / run)
+        for _, path in list_snapshots(state_root / SNAPSHOTS_DIR / run)
     }
     return RunHistory(read_history(directory), snapshots, chaos)

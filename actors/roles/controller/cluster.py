@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import structlog
-from parkway.actors.roles.controller.errors import SetupError
+from parkway.actors.roles.controller.errors import ClusterUnavailable, SetupError
 from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
@@ -105,7 +105,7 @@ class AgentLiveness:
                     still.append(address)
             missing = still
             if missing and time.monotonic() > deadline:
-                raise TimeoutError(f"no answer from {', '.join(missing)} within {timeout:.0f}s")
+                raise ClusterUnavailable(f"no answer from {', '.join(missing)} within {timeout:.0f}s")
             if missing:
                 await asyncio.sleep(0.5)
 

@@ -9,3 +9,8 @@ class SetupError(Exception):
 
 class SimulatedCrash(Exception):
     """A test's stand-in for a cluster dying at an exact moment (real crash tests use SIGKILL)."""
+
+
+class ClusterUnavailable(TimeoutError):
+    """Participants the configuration names did not answer before the run could start; the message
+    names them. Starting again later may work (they may still be starting), so it is not a setup error."""

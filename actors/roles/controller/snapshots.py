@@ -19,13 +19,11 @@ from parkway.actors.roles.controller.restore import RestoreSequence
 from parkway.actors.roles.controller.save import Published, SaveOutcome, SaveSequence
 from parkway.actors.run.config import RunConfig
 from parkway.actors.storage.runs import RunDirectory
-from parkway.actors.storage.select import NoValidSnapshot, SnapshotInvalid
 from parkway.actors.storage.trainer import write_trainer_checkpoint
 from parkway.protocol.anchor import ControllerAnchor
 from parkway.protocol.snapshot import SnapshotFailure
 
 # Kept importable from here, where the CLI has always found them.
-__all__ = ["NoValidSnapshot", "SnapshotCoordinator", "SnapshotInvalid"]
 
 
 class SnapshotCoordinator:

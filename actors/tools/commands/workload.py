@@ -13,13 +13,13 @@ import msgspec
 from parkway.actors.launch import progress
 from parkway.actors.launch.progress import ProgressLine
 from parkway.actors.launch.workload import run_workload
-from parkway.actors.roles.controller.controller import Controller, RunSummary, SetupError
-from parkway.actors.roles.controller.snapshots import SnapshotInvalid
+from parkway.actors.roles.controller import ClusterUnavailable, Controller, RunSummary, SetupError
 from parkway.actors.run.config import ConfigError
 from parkway.actors.run.config import load as load_config
 from parkway.actors.run.tasks import load_tasks
 from parkway.actors.runtime.logs import configure_logging
 from parkway.actors.runtime.settings import RunSettings
+from parkway.actors.storage.select import SnapshotInvalid
 from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
 from parkway.brokers import connect
 
@@ -85,6 +85,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except SetupError as exc:
         print(f"parkway: setup: {exc}", file=sys.stderr)
         return 2
+    except ClusterUnavailable as exc:  # exit 3, like a broker that is down: a later start may work
+        print(f"parkway: cluster: {exc}", file=sys.stderr)
+        return 3
     except SnapshotInvalid as exc:  # nothing restorable (every snapshot corrupt), or another topology
         print(f"parkway: restore: {exc}", file=sys.stderr)
         return 2
