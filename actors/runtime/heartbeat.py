@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
-
-if TYPE_CHECKING:
-    from parkway.actors.runtime.actor import Actor
+from parkway.brokers.base import Broker
 
 HEARTBEAT_EVENT = "heartbeat"
 EVERY_S = 5.0
@@ -23,7 +21,16 @@ EVERY_S = 5.0
 _encode = msgspec.json.Encoder().encode
 
 
-def heartbeat_record(actor: Actor) -> dict[str, Any]:
+class Beating(Protocol):
+    """What a heartbeat reads of its actor (``runtime.actor.Actor`` is one)."""
+
+    address: str
+    broker: Broker
+
+    def status_fields(self, *, asking: int = 0) -> dict[str, Any]: ...
+
+
+def heartbeat_record(actor: Beating) -> dict[str, Any]:
     fields = actor.status_fields()
     return {
         "ts": datetime.datetime.now(datetime.UTC).isoformat(),
@@ -37,7 +44,7 @@ def heartbeat_record(actor: Actor) -> dict[str, Any]:
     }
 
 
-async def beat(actor: Actor, every_s: float = EVERY_S) -> None:
+async def beat(actor: Beating, every_s: float = EVERY_S) -> None:
     """Publish a heartbeat now and then every ``every_s`` until cancelled; a broker hiccup skips one."""
     while True:
         with contextlib.suppress(Exception):

@@ -4,7 +4,8 @@ Credentials never come from code: the broker URL (with its password) and the run
 ``PARKWAY_BROKER_URL`` and ``PARKWAY_SECRET``; a command-line flag may override the URL.
 ``PARKWAY_METRICS_PORT`` (or ``--metrics-port``) serves the process's Prometheus metrics on that port;
 0 or unset serves none. ``PARKWAY_MAX_BODY_BYTES`` sets the largest message body accepted and sent
-(16 MiB by default).
+(16 MiB by default). ``PARKWAY_CLUSTER_WAIT_S`` is how long a controller waits for every participant
+to answer before its run starts (120 s by default; compose starts the services in any order).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from parkway.protocol.ids import validate_name
 DEFAULT_RUN = "default"
 MEMORY_URL = "memory://"
 MAX_BODY_ENV = "PARKWAY_MAX_BODY_BYTES"
+CLUSTER_WAIT_ENV = "PARKWAY_CLUSTER_WAIT_S"
+DEFAULT_CLUSTER_WAIT_S = 120.0
 
 
 class SettingsError(Exception):
@@ -36,6 +39,20 @@ def max_body_bytes(environ: Mapping[str, str] | None = None) -> int:
     if not text.isdigit() or int(text) < 1024:
         raise SettingsError(f"{MAX_BODY_ENV}={text!r}: want a number of bytes, at least 1024")
     return int(text)
+
+
+def cluster_wait_s(environ: Mapping[str, str] | None = None) -> float:
+    """How long a controller waits for its participants to answer: ``PARKWAY_CLUSTER_WAIT_S``, else 120 s."""
+    text = (os.environ if environ is None else environ).get(CLUSTER_WAIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_CLUSTER_WAIT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise SettingsError(f"{CLUSTER_WAIT_ENV}={text!r}: want a number of seconds above 0")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

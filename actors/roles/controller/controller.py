@@ -37,6 +37,7 @@ from parkway.actors.roles.controller.training import TrainingHook
 from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
 from parkway.actors.runtime.actor import Actor
+from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.actors.sdk.trainer import ExampleTrainer, Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -242,7 +243,7 @@ class Controller(Actor):
         expected = len(tasks) * config.rollout.group_size
         self._expected = expected
         self.stage = "waiting for the cluster"
-        await self.wait_for_cluster(config)
+        await self.wait_for_cluster(config, cluster_wait_s())
         await self.check_restart_only(config)
         self.snapshots = (
             SnapshotCoordinator(self, config, snapshot_root) if snapshot_root is not None else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -10,9 +10,10 @@ import pytest
 from parkway.actors.roles.controller import ClusterUnavailable, Controller
 from parkway.actors.roles.tq import TransferQueue
 from parkway.actors.run.config import from_dict
-from parkway.actors.tools.cli import main
+from parkway.actors.runtime.settings import SettingsError, cluster_wait_s
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
+from tests.support.cli import parkway
 from tests.support.paths import ROOT
 from tests.support.rabbit import AMQP_URL, delete_run
 
@@ -34,32 +35,31 @@ async def test_participants_that_never_answer_are_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.rabbitmq
-async def test_run_against_a_cluster_that_never_answers_exits_3(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+@pytest.mark.slow  # runs `parkway run` as a process
+async def test_run_against_a_cluster_that_never_answers_exits_3(tmp_path: Path) -> None:
     run = f"nobody-{uuid.uuid4().hex[:8]}"
-    # The controller waits 120 s for its cluster; half a second tells the same story.
-    monkeypatch.setattr(
-        Controller, "wait_for_cluster", functools.partialmethod(Controller.wait_for_cluster, timeout=0.5)
-    )
-    for name, value in {
-        "PARKWAY_SECRET": "s",
-        "PARKWAY_STATE_DIR": str(tmp_path),
-        "PARKWAY_RUN": run,
-    }.items():
-        monkeypatch.setenv(name, value)
     try:
-        code = await _main_in_thread(
-            ["run", "--config", str(ROOT / "examples" / "quickstart.yaml"), "--broker", AMQP_URL]
+        result = await asyncio.to_thread(
+            parkway,
+            "run",
+            "--config",
+            str(ROOT / "examples" / "quickstart.yaml"),
+            "--broker",
+            AMQP_URL,
+            PARKWAY_SECRET="s",
+            PARKWAY_STATE_DIR=str(tmp_path),
+            PARKWAY_RUN=run,
+            PARKWAY_CLUSTER_WAIT_S="0.5",  # the default is 120 s
         )
     finally:
         await delete_run(AMQP_URL, run, ["controller/0"])
-    assert code == 3
-    err = capsys.readouterr().err
-    assert "parkway: cluster: no answer from tq/0, policy/0" in err and "Traceback" not in err
+    assert result.returncode == 3, result.stderr
+    assert "parkway: cluster: no answer from tq/0, policy/0" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
-async def _main_in_thread(argv: list[str]) -> int:
-    import asyncio
-
-    return await asyncio.to_thread(main, argv)  # main runs its own event loop
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf", "nan"])
+def test_a_bad_cluster_wait_is_refused_by_name(value: str) -> None:
+    with pytest.raises(SettingsError, match="PARKWAY_CLUSTER_WAIT_S"):
+        cluster_wait_s({"PARKWAY_CLUSTER_WAIT_S": value})
+    assert cluster_wait_s({}) == 120.0 and cluster_wait_s({"PARKWAY_CLUSTER_WAIT_S": "2.5"}) == 2.5
