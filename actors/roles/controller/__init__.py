@@ -14,7 +14,12 @@ summary.py       RunSummary; metrics.py: what the snapshots cost; fingerprints.p
 """
 
 from parkway.actors.roles.controller.controller import Controller
-from parkway.actors.roles.controller.errors import ClusterUnavailable, SetupError, SimulatedCrash
+from parkway.actors.roles.controller.errors import (
+    ClusterUnavailable,
+    SetupError,
+    SimulatedCrash,
+    SnapshotsEnded,
+)
 from parkway.actors.roles.controller.summary import RunSummary
 
-__all__ = ["ClusterUnavailable", "Controller", "RunSummary", "SetupError", "SimulatedCrash"]
+__all__ = ["ClusterUnavailable", "Controller", "RunSummary", "SetupError", "SimulatedCrash", "SnapshotsEnded"]

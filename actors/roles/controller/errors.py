@@ -14,3 +14,9 @@ class SimulatedCrash(Exception):
 class ClusterUnavailable(TimeoutError):
     """Participants the configuration names did not answer before the run could start; the message
     names them. Starting again later may work (they may still be starting), so it is not a setup error."""
+
+
+class SnapshotsEnded(RuntimeError):
+    """Snapshots can no longer protect the run, so it stops: an invariant broke (the message names
+    it), or ``max_consecutive_failures`` attempts failed in a row. Starting the run again restores the
+    newest snapshot that verifies."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from parkway.actors.roles.controller.errors import SnapshotsEnded
 from parkway.actors.roles.controller.fingerprints import config_fingerprint
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
@@ -60,13 +61,13 @@ class SnapshotCoordinator:
     def check_failure(self, failure: SnapshotFailure) -> None:
         """After a failed (and aborted) attempt: a transient failure is retried at the next interval,
         up to ``max_consecutive_failures`` in a row; an invariant violation ends the run at once,
-        naming what broke (raises RuntimeError)."""
+        naming what broke (raises SnapshotsEnded)."""
         if not failure.transient:
-            raise RuntimeError(
+            raise SnapshotsEnded(
                 f"snapshot invariant violated at {failure.step}: {failure.detail}"
             ) from failure
         if self.metrics.consecutive_failures >= self.config.max_consecutive_failures:
-            raise RuntimeError(
+            raise SnapshotsEnded(
                 f"{self.metrics.consecutive_failures} snapshots failed in a row; last at "
                 f"{failure.step}: {failure.detail}"
             ) from failure

@@ -13,7 +13,13 @@ import msgspec
 from parkway.actors.launch import progress
 from parkway.actors.launch.progress import ProgressLine
 from parkway.actors.launch.workload import run_workload
-from parkway.actors.roles.controller import ClusterUnavailable, Controller, RunSummary, SetupError
+from parkway.actors.roles.controller import (
+    ClusterUnavailable,
+    Controller,
+    RunSummary,
+    SetupError,
+    SnapshotsEnded,
+)
 from parkway.actors.run.config import ConfigError
 from parkway.actors.run.config import load as load_config
 from parkway.actors.run.tasks import load_tasks
@@ -22,6 +28,7 @@ from parkway.actors.runtime.settings import RunSettings
 from parkway.actors.storage.select import SnapshotInvalid
 from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
 from parkway.brokers import connect
+from parkway.protocol.snapshot import SnapshotFailure
 
 
 def add_run(sub: Subcommands) -> None:
@@ -88,6 +95,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ClusterUnavailable as exc:  # exit 3, like a broker that is down: a later start may work
         print(f"parkway: cluster: {exc}", file=sys.stderr)
         return 3
+    except SnapshotsEnded as exc:
+        print(
+            f"parkway: snapshots: {exc}; starting the run again restores its newest snapshot", file=sys.stderr
+        )
+        return 3
+    except SnapshotFailure as exc:  # the restore at the start failed (its participants were told to abort it)
+        print(f"parkway: restore failed at {exc.step}: {exc.detail}", file=sys.stderr)
+        return 3 if exc.transient else 2
     except SnapshotInvalid as exc:  # nothing restorable (every snapshot corrupt), or another topology
         print(f"parkway: restore: {exc}", file=sys.stderr)
         return 2

@@ -93,3 +93,27 @@ def test_the_progress_line_counts_up_to_the_end_and_stays_out_of_json(tmp_path: 
     quiet = parkway("run", "--config", config, "--json", cwd=tmp_path / "again")
     assert quiet.returncode == 0 and "sealed" not in quiet.stderr
     assert json.loads(quiet.stdout)["rollouts_sealed"] == int(expected)
+
+
+def test_a_run_that_snapshots_cannot_protect_says_so_and_exits_3(tmp_path: Path) -> None:
+    """Snapshots failing in a row end the run (max_consecutive_failures): a message naming why and how
+    to go on, exit 3 (a supervisor starts it again; it restores the newest snapshot), no traceback."""
+    import yaml
+
+    from tests.support.embedded import SNAPSHOT_RUN
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump({**SNAPSHOT_RUN, "policy": {"host": "inline", "per_token_delay_s": 0.002}})
+    )
+    result = parkway(
+        "run",
+        "--config",
+        str(config),
+        cwd=tmp_path,
+        PARKWAY_STATE_DIR=str(tmp_path / "state"),
+        PARKWAY_FAULTS="commit_write:agent=ENOSPC@2+",  # a disk that fills up after the first snapshot
+    )
+    assert result.returncode == 3, result.stderr
+    assert "parkway: snapshots: 3 snapshots failed in a row" in result.stderr
+    assert "No space left on device" in result.stderr and "Traceback" not in result.stderr
