@@ -373,7 +373,9 @@ def missing_staging_keys(
     needs of files whose digests it has just checked. Raises ``Undecodable``."""
     staging_type: Any = list[StagingRow] if strict else list[_StagingKey]
     rollouts_type: Any = list[SavedRollout] if strict else list[_RolloutKeys]
-    captured = {staging_key(r.capture_key, r.turn) for r in _decode(directory, TQ_STAGING, staging_type)}
+    rows = _decode(directory, TQ_STAGING, staging_type)
+    # A row whose key no builder makes (TQ stores what a hostile client sent) is no saved turn's row.
+    captured = {staging_key(r.capture_key, r.turn) for r in rows if r.capture_key and r.turn >= 0}
     missing: dict[str, list[str]] = {}
     for rollouts in sorted((directory / PARTICIPANTS_DIR / "agent").glob(f"*/{AGENT_ROLLOUTS}")):
         relative = rollouts.relative_to(directory).as_posix()
