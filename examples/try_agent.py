@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from parkway.actors.builtin.environments import ENVIRONMENTS
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.deterministic import DeterministicEngine
 from parkway.actors.roles.resources import parse_record
 from parkway.actors.sdk import chat
-from parkway.actors.sdk.environments import ENVIRONMENTS, ToolError
+from parkway.actors.sdk.environments import ToolError
 from parkway.actors.sdk.rollout import AgentProgram, RolloutContext, RolloutFailure, ToolOutcome
 from parkway.protocol.messages import Generated, Run
 

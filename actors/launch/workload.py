@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parkway.actors.launch.plugins import actor_options
 from parkway.actors.roles.controller.controller import Controller, RunSummary
 from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
@@ -49,8 +50,9 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             "mode": config.resources.mode,
             "tool_delay_s": config.resources.tool_delay_s,
             "prefetch": data_prefetch(config),
+            **actor_options(role, config),
         }
-    return {}
+    return actor_options(role, config)
 
 
 CONTROL_HEADROOM = 64  # deliveries left for control commands beside every rollout's call in flight

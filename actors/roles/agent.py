@@ -2,7 +2,7 @@
 
 A ``Run`` starts one attempt as a task (the delivery is acked at once: a rollout can take hours, far
 longer than a broker should hold a message). The attempt (``attempt.py``) runs an ``AgentProgram``
-(``sdk/programs.py``) through a ``RolloutContext``; its end is a receipt for the controller, ``Completed`` or ``Failed``,
+(a plugin, ``sdk/plugins.py``) through a ``RolloutContext``; its end is a receipt for the controller, ``Completed`` or ``Failed``,
 kept and re-sent until the controller acknowledges it (``Ack``, idempotent). ``Retire`` stops
 attempts the controller gave up on and releases their tool sessions.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ import msgspec
 import structlog
 from parkway.actors.roles.attempt import PARKED_STATES, Attempt, received
 from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.actors.sdk.environments import Environment
+from parkway.actors.sdk.plugins import find_agent, find_environment
+from parkway.actors.sdk.rollout import AgentProgram
 from parkway.protocol.history import (
     ContinuationRestored,
     Receipt,
@@ -63,9 +67,14 @@ class Agent(Participant):
         policy_address: str = "policy/0",
         controller_address: str = "controller/0",
         resend_after_s: float = 2.0,
+        programs: Mapping[str, type[AgentProgram]] | None = None,
+        environments: Mapping[str, type[Environment]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        # The run's plugins by name (its configuration); None: look the name up among installed ones.
+        self.programs = dict(programs) if programs is not None else None
+        self.environments = dict(environments) if environments is not None else None
         self.policy_address = policy_address
         self.controller_address = controller_address
         self.resend_after_s = resend_after_s
@@ -102,6 +111,13 @@ class Agent(Participant):
         extras = super().status_extras()
         extras["in_flight"] = len(self.running)
         return extras
+
+    # -- plugins -------------------------------------------------------------------------------
+    def program(self, name: str) -> type[AgentProgram] | None:
+        return self.programs.get(name) if self.programs is not None else find_agent(name)
+
+    def environment(self, name: str) -> type[Environment] | None:
+        return self.environments.get(name) if self.environments is not None else find_environment(name)
 
     # -- handlers ------------------------------------------------------------------------------
     async def on_run(self, run: Run) -> None:

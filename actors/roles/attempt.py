@@ -23,9 +23,8 @@ from msgspec import UNSET, UnsetType
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.actors.sdk import chat
-from parkway.actors.sdk.environments import ENVIRONMENTS
-from parkway.actors.sdk.programs import PROGRAMS
-from parkway.actors.sdk.rollout import RolloutContext, RolloutFailure, ToolOutcome
+from parkway.actors.sdk.environments import Environment
+from parkway.actors.sdk.rollout import AgentProgram, RolloutContext, RolloutFailure, ToolOutcome
 from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.history import (
@@ -72,6 +71,12 @@ class AttemptHost(Protocol):
     counts: Counter[str]
     history: History
     released: asyncio.Event  # set while no checkpoint holds the rollouts
+
+    def environment(self, name: str) -> type[Environment] | None:
+        """The environment tasks call ``name`` (its tools are what the program sees)."""
+
+    def program(self, name: str) -> type[AgentProgram] | None:
+        """The agent program ``name`` names."""
 
     def state_changed(self) -> None:
         """An attempt moved (parked, or left its boundary): a Prepare waiting for them looks again."""
@@ -126,8 +131,8 @@ class Attempt:
         """Run the program to its end. Cancelled (retired, or the agent stopping): the tool session is
         released and the cancellation goes on; every other ending is a receipt."""
         run, host = self.run, self.host
-        env = ENVIRONMENTS.get(run.env)  # the resources' tool catalogue
-        program_cls = PROGRAMS.get(run.task.agent)
+        env = host.environment(run.env)  # the resources' tool catalogue
+        program_cls = host.program(run.task.agent)
         ctx = RolloutContext(
             run=run,
             tools=env.tools if env is not None else (),

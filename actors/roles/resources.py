@@ -20,6 +20,7 @@ Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from typing import Any
 import msgspec
 import structlog
 from parkway.actors.runtime.participant import ParkReport, Participant
-from parkway.actors.sdk.environments import ENVIRONMENTS, Environment, Record, ToolError
+from parkway.actors.sdk.environments import Environment, Record, ToolError
+from parkway.actors.sdk.plugins import Kind, find_environment, installed_names
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import (
     DuplicateToolCall,
@@ -79,13 +81,22 @@ class Resources(Participant):
     # and a queued call counts as in flight for a checkpoint (prepare waits for it).
     prefetch = 1024
 
-    def __init__(self, *args: Any, mode: str = "exported", tool_delay_s: float = 0.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        mode: str = "exported",
+        tool_delay_s: float = 0.0,
+        environments: Mapping[str, type[Environment]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         if tool_delay_s < 0:
             raise ValueError("tool_delay_s must be >= 0")
         super().__init__(*args, **kwargs)
         self.mode = mode
+        # The run's environments by name (its configuration's plugins); None: any installed one.
+        self.environments = dict(environments) if environments is not None else None
         self.tool_delay_s = tool_delay_s  # simulated duration of each tool call (benchmarks, demos)
         # rollout id -> its newest attempt's session; a retired one stays as a fence until Forget.
         self.sessions: dict[str, Session] = {}
@@ -159,13 +170,19 @@ class Resources(Participant):
 
         This is the hook where restoring a saved session (exported mode) will plug in.
         """
-        env_class = ENVIRONMENTS.get(call.env)
-        if env_class is None:
-            raise ProtocolError(
-                ErrorCode.INVALID_MESSAGE,
-                f"unknown environment {call.env!r}; this server has {', '.join(sorted(ENVIRONMENTS))}",
-            )
+        env_class = self.environment(call.env)
         return Session(attempt=call.attempt, env=env_class(call.seed))
+
+    def environment(self, name: str) -> type[Environment]:
+        """The environment class ``name`` names: one of the run's, or (no configuration) an installed one."""
+        found = self.environments.get(name) if self.environments is not None else find_environment(name)
+        if found is None:
+            names = self.environments if self.environments is not None else installed_names(Kind.ENVIRONMENT)
+            have = ", ".join(sorted(names))
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE, f"unknown environment {name!r}; this server has {have}"
+            )
+        return found
 
     def _duplicate(self, seen: tuple[ToolCall, ToolResult], call: ToolCall) -> ToolResult:
         """The stored answer of a call already applied, after checking it is really the same call."""
@@ -297,8 +314,8 @@ class Resources(Participant):
             attempt = continuing.get(item.rollout_id)
             if attempt is None:
                 continue  # not continued (finished, or restarted from the prompt): nothing to reopen
-            env_class = ENVIRONMENTS[item.env_name]
-            env = Environment.restore(item.env) if item.env is not None else env_class(item.seed)
+            env_class = self.environment(item.env_name)
+            env = env_class.restore(item.env) if item.env is not None else env_class(item.seed)
             self.sessions[item.rollout_id] = Session(
                 attempt=attempt, env=env, revision=item.revision, applied=set(item.applied)
             )

@@ -70,7 +70,9 @@ class RecoveryConfig(_Section, frozen=True):
 
 
 class TrainerConfig(_Section, frozen=True):
-    kind: Literal["example"] = "example"
+    # A trainer plugin: an entry-point name under ``parkway.trainers`` or ``package.module:Name``.
+    kind: str = "example"
+    options: dict[str, Any] = {}  # keywords its constructor takes
     batch_groups: int = 2
     checkpoint_every: int = 0  # train steps between trainer checkpoints (0: never)
 
@@ -89,7 +91,9 @@ class TopologyConfig(_Section, frozen=True):
 class RunConfig(_Section, frozen=True):
     run: str = "default"
     seed: int = 0
-    agent: Literal["tool", "counter"] = "tool"
+    # Plugins (docs/plugins.md): an entry-point name or ``package.module:Name``.
+    agent: str = "tool"  # the agent program
+    environments: tuple[str, ...] = ("counter", "workplace", "bank")  # the tool environments tasks name
     rollout: RolloutConfig = RolloutConfig()
     tasks: TasksConfig = TasksConfig()
     policy: PolicyConfig = PolicyConfig()
@@ -214,6 +218,16 @@ def check(config: RunConfig) -> None:
         )
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", config.run):
         problems.append(f"run: {config.run!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
+    for key, names in (
+        ("agent", (config.agent,)),
+        ("environments", config.environments),
+        ("trainer.kind", (config.trainer.kind,)),
+    ):
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][\w.-]*(:[A-Za-z_][\w.]*)?", name):
+                problems.append(f"{key}: {name!r} is neither an entry-point name nor package.module:Name")
+    if not config.environments:
+        problems.append("environments: a run needs at least one environment")
     for fault in config.faults.fail_attempts:
         try:
             parse_fault(fault)

@@ -41,6 +41,21 @@ class Environment:
 
     name: ClassVar[str] = "environment"
     tools: ClassVar[tuple[ToolSpec, ...]] = ()
+    # The resources modes it can run in (docs/environments.md): exported (each session's state is
+    # saved at a boundary and imported on restore), stateless (a session reopens from its seed),
+    # restart_only (a session restarts from the prompt after a crash).
+    modes: ClassVar[frozenset[str]] = frozenset({"exported", "stateless", "restart_only"})
+    # Where a session's state lives: "process" (``self.state``, exported as plain data by the base
+    # class) or somewhere outside (a database), which must implement export and restore itself.
+    state_lives_in: ClassVar[str] = "process"
+
+    @classmethod
+    def exports_state(cls) -> bool:
+        """Whether a session's state can be saved and imported (what exported mode needs)."""
+        if cls.state_lives_in == "process":
+            return True
+        own = [k for k in cls.__mro__ if k is not Environment and issubclass(k, Environment)]
+        return all(any(method in k.__dict__ for k in own) for method in ("export", "restore"))
 
     def __init__(self, seed: int) -> None:
         if not _is_int(seed):
@@ -98,10 +113,11 @@ class Environment:
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> Environment:
-        """The inverse of ``export``. On the base class it picks the environment by ``data["env"]``."""
+        """The inverse of ``export``. On the base class it picks, by ``data["env"]``, among the
+        environment classes this process has imported."""
         name = data.get("env") if isinstance(data, dict) else None
         name = name if isinstance(name, str) else None
-        target = (ENVIRONMENTS.get(name) if name is not None else None) if cls is Environment else cls
+        target = (_subclass_named(name) if name is not None else None) if cls is Environment else cls
         if target is None or target.name != name:
             raise ValueError(f"cannot restore environment {name!r} as {cls.name}")
         seed = data.get("seed")
@@ -130,117 +146,18 @@ class Environment:
 
 
 # ---------------------------------------------------------------------------------------------
-# The environments
-
-
-class Counter(Environment):
-    """A counter to drive to a target: the smallest environment where a double increment shows."""
-
-    name = "counter"
-    tools = (ToolSpec("increment", (("by", "int"),)), ToolSpec("get", (), mutates=False))
-
-    def initial_state(self, seed: int) -> dict[str, Any]:
-        return {"value": seed % 10}
-
-    def tool_increment(self, by: int) -> dict[str, Any]:
-        if not 1 <= by <= 100:
-            raise ToolError(f"increment by {by}: 'by' must be between 1 and 100")
-        self.state["value"] += by
-        return {"value": self.state["value"]}
-
-    def tool_get(self) -> dict[str, Any]:
-        return {"value": self.state["value"]}
-
-
-_TODO_WORDS = ("standup", "expenses", "backups", "review", "invoices", "triage")
-
-
-class Workplace(Environment):
-    """A calendar and todo store. Records share one sequence of ids (1, 2, ...); ``complete_todo``
-    takes the id that ``add_todo`` and ``list_items`` report.
-    """
-
-    name = "workplace"
-    tools = (
-        ToolSpec("add_event", (("title", "word"), ("day", "int"))),
-        ToolSpec("add_todo", (("text", "word"),)),
-        ToolSpec("complete_todo", (("index", "int"),)),
-        ToolSpec("list_items", (), mutates=False),
-    )
-
-    def initial_state(self, seed: int) -> dict[str, Any]:
-        todos = [
-            {"id": i + 1, "text": _TODO_WORDS[(seed + i) % len(_TODO_WORDS)], "done": False}
-            for i in range(seed % 3)
-        ]
-        return {"next_id": len(todos) + 1, "events": [], "todos": todos}
-
-    def _next_id(self) -> int:
-        record_id = self.state["next_id"]
-        self.state["next_id"] += 1
-        return record_id
-
-    def tool_add_event(self, title: str, day: int) -> dict[str, Any]:
-        if not 1 <= day <= 31:
-            raise ToolError(f"add_event on day {day}: 'day' must be between 1 and 31")
-        record_id = self._next_id()
-        self.state["events"].append({"id": record_id, "title": title, "day": day})
-        return {"id": record_id}
-
-    def tool_add_todo(self, text: str) -> dict[str, Any]:
-        record_id = self._next_id()
-        self.state["todos"].append({"id": record_id, "text": text, "done": False})
-        return {"id": record_id}
-
-    def tool_complete_todo(self, index: int) -> dict[str, Any]:
-        todo = next((t for t in self.state["todos"] if t["id"] == index), None)
-        if todo is None:
-            raise ToolError(f"complete_todo {index}: there is no todo with that id")
-        if todo["done"]:
-            raise ToolError(f"complete_todo {index}: that todo is already completed")
-        todo["done"] = True
-        return {"id": index, "done": True}
-
-    def tool_list_items(self) -> dict[str, Any]:
-        return {"events": copy.deepcopy(self.state["events"]), "todos": copy.deepcopy(self.state["todos"])}
-
-
-_ACCOUNTS = ("a", "b", "c")
-
-
-class Bank(Environment):
-    """Three accounts and transfers between them: a transfer applied twice shows in the balances."""
-
-    name = "bank"
-    tools = (
-        ToolSpec("transfer", (("src", "choice:a|b|c"), ("dst", "choice:a|b|c"), ("amount", "int"))),
-        ToolSpec("balance", (("account", "choice:a|b|c"),), mutates=False),
-    )
-
-    def initial_state(self, seed: int) -> dict[str, Any]:
-        return {"balances": {name: 100 + (seed // 50**i) % 50 for i, name in enumerate(_ACCOUNTS)}}
-
-    def tool_transfer(self, src: str, dst: str, amount: int) -> dict[str, Any]:
-        balances = self.state["balances"]
-        if src == dst:
-            raise ToolError(f"transfer from {src} to itself: src and dst must differ")
-        if amount <= 0:
-            raise ToolError(f"transfer of {amount}: the amount must be positive")
-        if balances[src] < amount:
-            raise ToolError(f"transfer of {amount} from {src}: insufficient funds ({balances[src]})")
-        balances[src] -= amount
-        balances[dst] += amount
-        return {src: balances[src], dst: balances[dst]}
-
-    def tool_balance(self, account: str) -> dict[str, Any]:
-        return {"account": account, "balance": self.state["balances"][account]}
-
-
-ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (Counter, Workplace, Bank)}
-
-
-# ---------------------------------------------------------------------------------------------
 # Argument checking
+
+
+def _subclass_named(name: str) -> type[Environment] | None:
+    """An environment class of this process named ``name`` (the base's ``restore`` picks by name)."""
+    pending = list(Environment.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        if cls.name == name:
+            return cls
+        pending.extend(cls.__subclasses__())
+    return None
 
 
 def _is_int(value: object) -> TypeGuard[int]:

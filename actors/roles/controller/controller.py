@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import structlog
+from parkway.actors.builtin.trainers import ExampleTrainer
 from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot
 from parkway.actors.roles.controller.cluster import AgentLiveness, restart_only_participants
 from parkway.actors.roles.controller.dispatch import Dispatcher
@@ -38,7 +39,8 @@ from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.settings import cluster_wait_s
-from parkway.actors.sdk.trainer import ExampleTrainer, Trainer
+from parkway.actors.sdk import plugins
+from parkway.actors.sdk.trainer import Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import RunAborted, RunFinished, RunStarted
@@ -225,7 +227,11 @@ class Controller(Actor):
         snapshot_root: Path | None,
         stop_after_snapshots: int | None,
     ) -> RunSummary:
-        self._trainer = trainer = trainer or ExampleTrainer()
+        if trainer is None:  # the configuration's trainer plugin (checked at set-up; here again if not)
+            trainer = plugins.check_trainer(
+                plugins.resolve(plugins.Kind.TRAINER, config.trainer.kind), dict(config.trainer.options)
+            )
+        self._trainer = trainer
         self._config, self._tasks = config, tasks
         self.retirement.resources = config.topology.resources
         dispatcher = Dispatcher(

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from parkway.actors.builtin.trainers import ExampleTrainer
 from parkway.actors.launch.service import serve
 from parkway.actors.launch.workload import embedded_actors, run_workload
 from parkway.actors.roles.agent import Agent
@@ -20,7 +21,7 @@ from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.metrics import MetricsEndpoint, process_registry
 from parkway.actors.runtime.settings import RunSettings, SettingsError
-from parkway.actors.sdk.trainer import ExampleTrainer, GroupResult, TrainStep
+from parkway.actors.sdk.trainer import GroupResult, TrainStep
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.messages import (

@@ -19,10 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 import structlog
+from parkway.actors.builtin.trainers import ExampleTrainer
 from parkway.actors.launch.processes import clean_environment
 from parkway.actors.roles.controller.controller import SimulatedCrash
 from parkway.actors.runtime.logs import configure_logging
-from parkway.actors.sdk.trainer import ExampleTrainer, GroupResult, TrainStep
+from parkway.actors.sdk.trainer import GroupResult, TrainStep
 from parkway.actors.tools import cli, report
 from parkway.protocol.messages import CanonicalRow
 

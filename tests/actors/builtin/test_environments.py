@@ -8,14 +8,8 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from parkway.actors.sdk.environments import (
-    ENVIRONMENTS,
-    Bank,
-    Counter,
-    Environment,
-    ToolError,
-    Workplace,
-)
+from parkway.actors.builtin.environments import ENVIRONMENTS, Bank, Counter, Workplace
+from parkway.actors.sdk.environments import Environment, ToolError
 
 
 def refused(env: Environment, tool: str, arguments: Any, match: str) -> None:
