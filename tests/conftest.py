@@ -3,6 +3,7 @@ of what a test declared on RabbitMQ. The marker check (``tests/support/markers.p
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -13,6 +14,13 @@ from parkway.brokers.memory import MemoryBroker, MemoryHub
 from tests.support.rabbit import AMQP_URL, delete_run, rabbitmq_reachable
 
 pytest_plugins = ["tests.support.markers"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """matplotlib builds its font cache on first use by running ``fc-list``: here, once, before any
+    test, not inside whichever test first draws (which the marker check would see start a process)."""
+    with contextlib.suppress(ImportError):  # without the report extra nothing draws
+        import matplotlib.font_manager  # noqa: F401
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ parkway report     a run's timeline (rollouts, turns, snapshot pauses, crash, re
 parkway chaos      the nemesis: seeded faults over a real cluster of processes, each run history-checked
 parkway dead-letters   take messages off the run's dead-letter queue and print them
 parkway snapshots  list, show or verify the snapshots on disk (list|show|verify)
+parkway plugins    the agent programs, environments and trainers installed (list), or a run's (check)
 parkway sign       print the signature headers for a body (for rabbitmqadmin and other clients)
 
 Each command lives with its job under ``parkway.actors.tools.commands`` (or in its tool's own module:
@@ -23,9 +24,20 @@ import sys
 from collections.abc import Callable, Sequence
 
 from parkway.actors.chaos import nemesis as chaos
+from parkway.actors.run.config import ConfigError
 from parkway.actors.runtime.settings import SettingsError
+from parkway.actors.sdk.plugins import PluginError
 from parkway.actors.tools import report
-from parkway.actors.tools.commands import control, dead_letters, logs, model, services, status, workload
+from parkway.actors.tools.commands import (
+    control,
+    dead_letters,
+    logs,
+    model,
+    plugins,
+    services,
+    status,
+    workload,
+)
 from parkway.actors.tools.commands.options import Subcommands
 from parkway.actors.tools.snapshots import register as add_snapshots
 from parkway.brokers import BrokerError
@@ -45,6 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except ProtocolError as exc:  # e.g. a reply whose signature does not verify: the wrong secret
         print(f"parkway: {exc}", file=sys.stderr)
+        return 2
+    except PluginError as exc:  # a plugin the configuration names, refused at set-up
+        print(f"parkway: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"parkway: config: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -78,6 +96,7 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     _add_report,
     _add_chaos,
     dead_letters.add_dead_letters,
+    plugins.add_plugins,
     add_snapshots,
     control.add_sign,
 )

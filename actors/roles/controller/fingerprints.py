@@ -24,6 +24,9 @@ def config_fingerprint(config: RunConfig) -> str:
             "run": config.run,
             "seed": config.seed,
             "agent": config.agent,
+            # The plugins a snapshot's sessions and trainer state belong to.
+            "environments": list(config.environments),
+            "trainer": config.trainer.kind,
             "tasks": msgspec.to_builtins(config.tasks),
             "rollout": [r.group_size, r.max_turns, r.max_tokens],
             "topology": msgspec.to_builtins(config.topology),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 from parkway.actors.launch import progress
+from parkway.actors.launch.plugins import resolve_run
 from parkway.actors.launch.progress import ProgressLine
 from parkway.actors.launch.workload import run_workload
 from parkway.actors.roles.controller import (
@@ -25,6 +26,7 @@ from parkway.actors.run.config import load as load_config
 from parkway.actors.run.tasks import load_tasks
 from parkway.actors.runtime.logs import configure_logging
 from parkway.actors.runtime.settings import RunSettings
+from parkway.actors.sdk.plugins import PluginError
 from parkway.actors.storage.select import SnapshotInvalid
 from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
 from parkway.brokers import connect
@@ -61,8 +63,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         tasks = load_tasks(config.tasks, base=Path(args.config).parent if args.config else None)
+        resolve_run(config, tasks)  # every plugin it names, checked before anything starts
     except ConfigError as exc:
         print(f"parkway: config: {exc}", file=sys.stderr)
+        return 2
+    except PluginError as exc:
+        print(f"parkway: {exc}", file=sys.stderr)
         return 2
     run = args.run or os.environ.get("PARKWAY_RUN") or config.run
     settings = RunSettings.from_env(broker_url=args.broker, run=run, metrics_port=args.metrics_port)
