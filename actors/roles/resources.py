@@ -163,7 +163,9 @@ class Resources(Participant):
                 session = self.sessions[call.rollout_id] = fresh
                 self.counts["sessions_opened"] += 1
                 self.history.record(
-                    SessionOpened(rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index)
+                    SessionOpened(
+                        rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index
+                    )
                 )
         if (session.env.name, session.env.seed) != (call.env, call.seed):
             raise ProtocolError(
@@ -247,7 +249,10 @@ class Resources(Participant):
             self.counts["tool_duplicates"] += 1
             self.history.record(
                 DuplicateToolCall(
-                    rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index, tool=call.tool
+                    rollout_id=call.rollout_id,
+                    attempt=call.attempt,
+                    call_index=call.call_index,
+                    tool=call.tool,
                 )
             )
         elif session.env.spec(call.tool).mutates:

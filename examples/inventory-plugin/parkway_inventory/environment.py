@@ -83,7 +83,8 @@ class Inventory(Environment):
             )
             for item, qty in initial_stock(self.seed).items():
                 db.execute(
-                    f"INSERT INTO {db.t('stock')} (rollout_id, item, qty) VALUES (?, ?, ?)", (rollout, item, qty)
+                    f"INSERT INTO {db.t('stock')} (rollout_id, item, qty) VALUES (?, ?, ?)",
+                    (rollout, item, qty),
                 )
 
     def reattach(self) -> tuple[int, ...] | None:
@@ -154,7 +155,8 @@ class Inventory(Environment):
     def _shift(self, item: str, by: int) -> int:
         db, now = self.store, self._on_shelf(item) + by
         db.execute(
-            f"UPDATE {db.t('stock')} SET qty = ? WHERE rollout_id = ? AND item = ?", (now, self._rollout(), item)
+            f"UPDATE {db.t('stock')} SET qty = ? WHERE rollout_id = ? AND item = ?",
+            (now, self._rollout(), item),
         )
         return now
 
@@ -168,7 +170,10 @@ class Inventory(Environment):
         expected = replay(self.seed, mutations)
         reward = 1.0 if expected is not None and expected == self.shelves() and journal == mutations else 0.0
         with db.transaction():
-            db.execute(f"DELETE FROM {db.t('verdicts')} WHERE rollout_id = ? AND attempt = ?", (rollout, self.attempt))
+            db.execute(
+                f"DELETE FROM {db.t('verdicts')} WHERE rollout_id = ? AND attempt = ?",
+                (rollout, self.attempt),
+            )
             db.execute(
                 f"INSERT INTO {db.t('verdicts')} (rollout_id, attempt, reward, record) VALUES (?, ?, ?, ?)",
                 (rollout, self.attempt, reward, _dump([[t, a] for t, a in mutations])),
@@ -220,7 +225,8 @@ class Inventory(Environment):
             )
             for item, qty in stock:
                 db.execute(
-                    f"INSERT INTO {db.t('stock')} (rollout_id, item, qty) VALUES (?, ?, ?)", (rollout, item, qty)
+                    f"INSERT INTO {db.t('stock')} (rollout_id, item, qty) VALUES (?, ?, ?)",
+                    (rollout, item, qty),
                 )
             for row in journal:
                 db.execute(
