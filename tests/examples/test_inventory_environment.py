@@ -71,7 +71,7 @@ async def test_a_session_is_bound_and_opened_at_its_seeds_rows(db: Database, ser
     env = actor.sessions["r1"].env
     assert (env.rollout_id, env.attempt) == ("r1", 0)
     assert db.stock() == {"r1": initial_stock(SEED)}
-    assert db.rows("sessions") == [("r1", SEED, 0)]
+    assert db.rows("sessions") == [("r1", str(SEED), 0)]
 
 
 async def test_mutations_are_journaled_once_and_a_redelivery_is_not_applied_again(
@@ -131,7 +131,7 @@ async def test_a_fresh_attempt_resets_the_rows_to_the_seeds(db: Database, server
     await call(actor, 0, "restock", attempt=1, item="nuts", qty=1)  # the rollout restarted from its prompt
     assert db.stock()["r1"] == {**initial_stock(SEED), "nuts": initial_stock(SEED)["nuts"] + 1}
     assert [(a, i) for a, i, _, _ in db.journal()["r1"]] == [(1, 0)]
-    assert db.rows("sessions") == [("r1", SEED, 1)]
+    assert db.rows("sessions") == [("r1", str(SEED), 1)]
 
 
 async def test_restore_leaves_exactly_the_snapshots_rows(db: Database, server, tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ async def test_restore_leaves_exactly_the_snapshots_rows(db: Database, server, t
 
     # The continuing attempt goes on from the snapshot, its call indices after the saved ones.
     await call(resumed, 2, "restock", attempt=1, item="bolts", qty=1)
-    assert ("r1", SEED, 1) in db.rows("sessions")
+    assert ("r1", str(SEED), 1) in db.rows("sessions")
     mutations = [(t, a) for _, _, t, a in db.journal()["r1"]]
     assert mutations == [
         ("restock", {"item": "bolts", "qty": 3}),

@@ -79,7 +79,7 @@ class Inventory(Environment):
             self._drop_rows(db, rollout)
             db.execute(
                 f"INSERT INTO {db.t('sessions')} (rollout_id, seed, attempt) VALUES (?, ?, ?)",
-                (rollout, self.seed, self.attempt),
+                (rollout, str(self.seed), self.attempt),
             )
             for item, qty in initial_stock(self.seed).items():
                 db.execute(
@@ -90,7 +90,7 @@ class Inventory(Environment):
     def reattach(self) -> tuple[int, ...] | None:
         rollout, db = self._rollout(), self.store
         held = db.rows(f"SELECT seed, attempt FROM {db.t('sessions')} WHERE rollout_id = ?", (rollout,))
-        if not held or (held[0][0], held[0][1]) != (self.seed, self.attempt):
+        if not held or (held[0][0], held[0][1]) != (str(self.seed), self.attempt):
             return None
         return tuple(int(row[0]) for row in self._journal(db, rollout))
 
@@ -221,7 +221,7 @@ class Inventory(Environment):
             env._drop_rows(db, rollout)
             db.execute(
                 f"INSERT INTO {db.t('sessions')} (rollout_id, seed, attempt) VALUES (?, ?, ?)",
-                (rollout, seed, attempt),
+                (rollout, str(seed), attempt),
             )
             for item, qty in stock:
                 db.execute(

@@ -38,8 +38,10 @@ class DuplicateKey(Exception):
 
 
 def _schema(p: str) -> list[str]:
+    # A seed is any Python int (a run's seeds are 64-bit unsigned): kept as text, which both databases
+    # hold exactly.
     return [
-        f"CREATE TABLE IF NOT EXISTS {p}sessions (rollout_id TEXT PRIMARY KEY, seed BIGINT NOT NULL, "
+        f"CREATE TABLE IF NOT EXISTS {p}sessions (rollout_id TEXT PRIMARY KEY, seed TEXT NOT NULL, "
         "attempt INTEGER NOT NULL)",
         f"CREATE TABLE IF NOT EXISTS {p}stock (rollout_id TEXT NOT NULL, item TEXT NOT NULL, "
         "qty INTEGER NOT NULL, PRIMARY KEY (rollout_id, item))",
