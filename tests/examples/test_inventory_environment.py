@@ -4,6 +4,7 @@ database's journal), and export/restore leaving exactly the snapshot's rows."""
 
 from __future__ import annotations
 
+import ast
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -197,3 +198,17 @@ def test_constructing_it_needs_no_database(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.delenv("PARKWAY_INVENTORY_DSN", raising=False)
     Inventory(0)  # the set-up check constructs it; the database is opened on first use only
     assert not (tmp_path / "never").exists()
+
+
+def test_the_package_imports_parkway_only_through_the_public_api() -> None:
+    imported = {
+        name
+        for path in sorted((inventory.PLUGIN / "parkway_inventory").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        )
+    }  # fmt: skip
+    framework = {name for name in imported if name.split(".")[0] == "parkway"}
+    assert framework == {"parkway.actors.sdk"}, framework
