@@ -31,9 +31,28 @@ class Unexported(Environment):
     def tool_restock(self, qty: int) -> dict[str, Any]:
         return {}
 
+    def reset(self) -> None:
+        pass
+
 
 class Exported(Unexported):
     name = "exported_db"
+
+    def export(self, *, copy_state: bool = True) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> Environment:
+        return cls(0)
+
+
+class NoReset(Environment):
+    name = "no_reset"
+    tools = (ToolSpec("restock", (("qty", "int"),)),)
+    state_lives_in = "database"
+
+    def tool_restock(self, qty: int) -> dict[str, Any]:
+        return {}
 
     def export(self, *, copy_state: bool = True) -> dict[str, Any]:
         return {}
@@ -76,10 +95,19 @@ def test_state_outside_the_process_in_exported_mode_without_export_and_restore()
         "export() and restore(): resources.mode 'exported' saves each session's state at a boundary and "
         "imports it on restore"
     )
-    stateless = from_dict({"environments": [f"{HERE}:Unexported"], "resources": {"mode": "stateless"}})
-    assert set(resolve_run(stateless).environments) == {"unexported"}  # a mode that needs no export
+    stateless = from_dict({"environments": [f"{HERE}:Exported"], "resources": {"mode": "stateless"}})
+    assert set(resolve_run(stateless).environments) == {"exported_db"}
     exported = from_dict({"environments": [f"{HERE}:Exported"]})
     assert set(resolve_run(exported).environments) == {"exported_db"}
+
+
+def test_state_outside_the_process_without_reset() -> None:
+    # A fresh session must drop a dead attempt's rows; the base class's reset only knows self.state.
+    assert refusal("NoReset") == (
+        f"environment plugin '{HERE}:NoReset': keeps its state in database and does not implement "
+        "reset(): a fresh session (a new attempt, a stateless reopen) must put the store's rows back to "
+        "the seed's"
+    )
 
 
 def test_an_environment_raising_in_its_constructor() -> None:
