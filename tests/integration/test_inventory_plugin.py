@@ -171,4 +171,9 @@ async def test_the_cluster_killed_mid_run_leaves_each_mutation_applied_once_in_t
         ]
         snapshot_rows = [[a, i, t, args] for a, i, t, args, ok, _ in saved[rollout]["env"]["journal"] if ok]
         assert kept == snapshot_rows, rollout
-    assert beyond > 0, "the dead timeline had mutations after the snapshot (what the restore must drop)"
+    if fault.startswith("after_commit"):  # the snapshot restored is the one before: ~0.3 s of work after it
+        assert beyond > 0, "the dead timeline had mutations after the snapshot (what the restore must drop)"
+    print(  # shown with -s: what this case exercised
+        f"{db.kind} {fault}: restored {len(continued)} sessions, dropped {beyond} dead-timeline rows, "
+        f"{found['mutations']} mutations journaled, final attempts {found['attempts']}"
+    )

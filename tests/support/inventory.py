@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -32,11 +33,15 @@ def importable() -> None:
 
 def install(target: Path) -> Path:
     """``pip install --no-deps --no-build-isolation`` of the package (offline: setuptools is here) into
-    ``target``, which is then put first on this process's path and on its children's PYTHONPATH."""
+    ``target``, which is then put first on this process's path and on its children's PYTHONPATH. It
+    builds from a copy, so the build leaves nothing in the repository's folder."""
+    source = target / "source"
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    target = target / "site"
     done = subprocess.run(
         [
             sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-            "--no-index", "--target", str(target), str(PLUGIN),
+            "--no-index", "--target", str(target), str(source),
         ],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
