@@ -46,7 +46,10 @@ def install(target: Path) -> Path:
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"installing {PLUGIN} failed:\n{done.stdout}\n{done.stderr}"
-    sys.path[:] = [p for p in sys.path if p != str(PLUGIN)]  # the installed copy, not the source folder
+    # The installed copy from now on, not the source folder a unit test may have imported it from.
+    sys.path[:] = [p for p in sys.path if p != str(PLUGIN)]
+    for name in [m for m in sys.modules if m == "parkway_inventory" or m.startswith("parkway_inventory.")]:
+        del sys.modules[name]
     sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
     return target
