@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import structlog
 from parkway.actors.runtime.participant import ParkReport, Participant
-from parkway.actors.sdk.environments import Environment, Record, ToolError
+from parkway.actors.sdk.environments import CallKey, Environment, Record, ToolError
 from parkway.actors.sdk.plugins import Kind, find_environment, installed_names
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import (
@@ -140,7 +140,13 @@ class Resources(Participant):
                 ErrorCode.STALE_ATTEMPT, f"{call.rollout_id} attempt {call.attempt} is retired"
             )
         if session is None or not current:
-            if call.call_index > 0 and call.tool != RELEASE:
+            reattached = self.reattach_session(call) if call.call_index > 0 and call.tool != RELEASE else None
+            if reattached is not None:
+                if session is not None and not session.retired:
+                    session.env.close()
+                session = self.sessions[call.rollout_id] = reattached
+                self.counts["sessions_reattached"] += 1
+            elif call.call_index > 0 and call.tool != RELEASE:
                 # A session opens at its attempt's first call. One that arrives mid-way belongs to a
                 # session this server does not hold (it restarted and lost it): answering it from a
                 # fresh state would lose the mutations already applied, silently.
@@ -149,14 +155,18 @@ class Resources(Participant):
                     f"{self.address} holds no session of {call.rollout_id} attempt {call.attempt}: call "
                     f"{call.call_index} cannot continue it (its earlier calls are lost with a restarted server)",
                 )
-            fresh = self.open_session(call)
-            if session is not None and not session.retired:
-                self.counts["sessions_retired"] += 1  # superseded by the newer attempt
-            session = self.sessions[call.rollout_id] = fresh
-            self.counts["sessions_opened"] += 1
-            self.history.record(
-                SessionOpened(rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index)
-            )
+            else:
+                fresh = self.open_session(call)
+                if session is not None and not session.retired:
+                    self.counts["sessions_retired"] += 1  # superseded by the newer attempt
+                    session.env.close()
+                session = self.sessions[call.rollout_id] = fresh
+                self.counts["sessions_opened"] += 1
+                self.history.record(
+                    SessionOpened(
+                        rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index
+                    )
+                )
         if (session.env.name, session.env.seed) != (call.env, call.seed):
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE,
@@ -166,12 +176,28 @@ class Resources(Participant):
         return session
 
     def open_session(self, call: ToolCall) -> Session:
-        """A fresh session for the first call of an attempt: a live retry starts from the prompt.
+        """A fresh session for the first call of an attempt: a live retry starts from the prompt, so
+        the environment's state (in an external store too) is reset to the seed's."""
+        env = self.environment(call.env)(call.seed)
+        env.bind(call.rollout_id, call.attempt)
+        env.reset()
+        return Session(attempt=call.attempt, env=env)
 
-        This is the hook where restoring a saved session (exported mode) will plug in.
-        """
+    def reattach_session(self, call: ToolCall) -> Session | None:
+        """A mid-attempt call of a session this server does not hold (it restarted): an environment
+        whose state lives outside the process may still hold it, with a journal of the calls applied,
+        which then answers a call delivered again. None: nothing to reattach (in-process state is lost)."""
         env_class = self.environment(call.env)
-        return Session(attempt=call.attempt, env=env_class(call.seed))
+        if env_class.state_lives_in == "process":
+            return None
+        env = env_class(call.seed)
+        env.bind(call.rollout_id, call.attempt)
+        applied = env.reattach()
+        if applied is None:
+            env.close()
+            return None
+        log.info("session_reattached", rollout_id=call.rollout_id, attempt=call.attempt, applied=len(applied))
+        return Session(attempt=call.attempt, env=env, revision=len(applied), applied=set(applied))
 
     def environment(self, name: str) -> type[Environment]:
         """The environment class ``name`` names: one of the run's, or (no configuration) an installed one."""
@@ -213,11 +239,23 @@ class Resources(Participant):
     def _run(self, session: Session, call: ToolCall) -> ToolResult:
         if call.tool == VERIFY:
             return self._verify(session, call)
+        key = CallKey(call.rollout_id, call.attempt, call.call_index)
         try:
-            output = session.env.apply(call.tool, dict(call.arguments))
+            answer = session.env.call(key, call.tool, dict(call.arguments))
         except ToolError as err:
             return self._result(session, call, ok=False, output={"error": err.message})
-        if session.env.spec(call.tool).mutates:
+        output = answer.output
+        if answer.from_journal:  # applied before (by a server that died): the store answered it
+            self.counts["tool_duplicates"] += 1
+            self.history.record(
+                DuplicateToolCall(
+                    rollout_id=call.rollout_id,
+                    attempt=call.attempt,
+                    call_index=call.call_index,
+                    tool=call.tool,
+                )
+            )
+        elif session.env.spec(call.tool).mutates:
             session.revision += 1
             self.counts["tool_mutations_applied"] += 1
             if call.call_index in session.applied:
@@ -272,6 +310,7 @@ class Resources(Participant):
         """Retire the attempt: drop its call results (only the ending is kept) and refuse later calls."""
         if not session.retired:
             self.counts["sessions_retired"] += 1
+            session.env.close()
         session.retired = True
         session.results.clear()
         self.retired.add((rollout_id, session.attempt))
@@ -309,6 +348,9 @@ class Resources(Participant):
         saved = msgspec.msgpack.decode((directory / "sessions.msgpack").read_bytes(), type=list[SavedSession])
         continuing = {e.rollout_id: e.attempt for e in command.episodes}
         restored = []
+        for session in self.sessions.values():
+            if not session.retired:
+                session.env.close()
         self.sessions.clear()
         for item in saved:
             attempt = continuing.get(item.rollout_id)
@@ -316,6 +358,9 @@ class Resources(Participant):
                 continue  # not continued (finished, or restarted from the prompt): nothing to reopen
             env_class = self.environment(item.env_name)
             env = env_class.restore(item.env) if item.env is not None else env_class(item.seed)
+            env.bind(item.rollout_id, attempt)
+            if item.env is None:
+                env.reset()  # stateless: the session reopens from its seed, in an external store too
             self.sessions[item.rollout_id] = Session(
                 attempt=attempt, env=env, revision=item.revision, applied=set(item.applied)
             )

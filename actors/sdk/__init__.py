@@ -6,12 +6,14 @@ Everything else under ``parkway`` is the framework's own and may change without 
 """
 
 from parkway.actors.sdk.chat import Message, ToolSpec, parse_reply, system_prompt
-from parkway.actors.sdk.environments import Environment, Record, ToolError
+from parkway.actors.sdk.environments import CallAnswer, CallKey, Environment, Record, ToolError
 from parkway.actors.sdk.rollout import AgentProgram, ModelReply, RolloutContext, RolloutFailure, ToolOutcome
 from parkway.actors.sdk.trainer import GroupResult, Trainer, TrainStep
 
 __all__ = [
     "AgentProgram",
+    "CallAnswer",
+    "CallKey",
     "Environment",
     "GroupResult",
     "Message",

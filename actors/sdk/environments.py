@@ -12,6 +12,7 @@ JSON, and two environments compare equal when their states do.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeGuard, cast
 
 from parkway.actors.sdk.chat import ToolSpec
@@ -20,6 +21,25 @@ from parkway.actors.sdk.chat import ToolSpec
 MAX_WORD_LENGTH = 64
 
 Record = list[tuple[str, dict[str, Any], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class CallKey:
+    """The key of one tool call: an environment whose state lives outside the process keeps its own
+    exactly-once with it (a journal row unique on the key, written in the mutation's transaction)."""
+
+    rollout_id: str
+    attempt: int
+    call_index: int
+
+
+@dataclass(frozen=True)
+class CallAnswer:
+    """What ``Environment.call`` answers: the output, and whether it came from the environment's own
+    journal (the call was applied before, by this tool server or one that died) rather than applied now."""
+
+    output: dict[str, Any]
+    from_journal: bool = False
 
 
 class ToolError(Exception):
@@ -62,9 +82,41 @@ class Environment:
             raise ValueError(f"seed must be an int, not {type(seed).__name__}")
         self.seed = seed
         self.state: dict[str, Any] = self.initial_state(seed)
+        # The session this environment serves (``bind``); None until a tool server binds it.
+        self.rollout_id: str | None = None
+        self.attempt: int | None = None
 
     def initial_state(self, seed: int) -> dict[str, Any]:
         return {}
+
+    # -- the session's life (docs/environments.md); in-process environments keep the defaults --------
+    def bind(self, rollout_id: str, attempt: int) -> None:
+        """Tell the environment whose session it is, before any other hook or call: an external store
+        namespaces its rows by ``rollout_id``. Called again with the continuing attempt after a restore."""
+        self.rollout_id = rollout_id
+        self.attempt = attempt
+
+    def reset(self) -> None:
+        """A fresh session (a new attempt, a stateless reopen, a restart-only restart): the session's
+        state becomes the seed's. In-process state already is (``__init__``); an external store must
+        put its rows back, dropping whatever an earlier attempt left there."""
+        self.state = self.initial_state(self.seed)
+
+    def reattach(self) -> tuple[int, ...] | None:
+        """A restarted tool server meets a call of a session it no longer holds: the call indices the
+        session's store has journaled for the bound attempt's timeline, or None when the store does not
+        hold that attempt (the call is then refused as stale). In-process state died with the server."""
+        return None
+
+    def call(self, key: CallKey, tool: str, arguments: dict[str, Any]) -> CallAnswer:
+        """Run one tool call under its key. The default applies it: the tool server keeps exactly-once
+        for in-process state itself. An external store overrides this to journal the call in the
+        mutation's own transaction and to answer a key it has journaled from the journal."""
+        return CallAnswer(self.apply(tool, arguments))
+
+    def close(self) -> None:
+        """The session ended (verified, released, retired, superseded or forgotten): release what it
+        holds (connections). Its rows may stay; the next fresh session of the rollout resets them."""
 
     # -- tools ---------------------------------------------------------------------------------
     @classmethod

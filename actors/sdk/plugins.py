@@ -167,6 +167,11 @@ def environment_problems(cls: type[Environment], mode: str) -> list[str]:
                 f"tool {spec.signature()} does not match its method tool_{spec.name}"
                 f"({', '.join(parameters)}): the spec's arguments are ({', '.join(expected)})"
             )
+    if cls.state_lives_in != "process" and not _overrides(cls, "reset"):
+        problems.append(
+            f"keeps its state in {cls.state_lives_in} and does not implement reset(): a fresh session "
+            "(a new attempt, a stateless reopen) must put the store's rows back to the seed's"
+        )
     if mode not in cls.modes:
         problems.append(
             f"does not support resources.mode {mode!r} (it supports: {', '.join(sorted(cls.modes))})"
@@ -177,6 +182,12 @@ def environment_problems(cls: type[Environment], mode: str) -> list[str]:
             "resources.mode 'exported' saves each session's state at a boundary and imports it on restore"
         )
     return problems
+
+
+def _overrides(cls: type[Environment], method: str) -> bool:
+    return any(
+        method in k.__dict__ for k in cls.__mro__ if k is not Environment and issubclass(k, Environment)
+    )
 
 
 def check_trainer(plugin: Plugin, options: dict[str, Any]) -> Trainer:
