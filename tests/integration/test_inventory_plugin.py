@@ -54,6 +54,10 @@ def test_the_entry_points_resolve_through_the_registry(installed: Path) -> None:
     assert Path(sys.modules[environment.cls.__module__].__file__ or "").is_relative_to(installed)
     assert plugins.check_environment(environment, "exported").state_lives_in == "database"
     assert plugins.check_agent(agent).name == "stocker"
+    trainer = plugins.resolve(plugins.Kind.TRAINER, "ledger-advantage")
+    assert trainer.target == "parkway_inventory.trainer:LedgerAdvantage"
+    assert trainer.source == "parkway-inventory 0.1.0"
+    assert plugins.check_trainer(trainer, {}).state()["steps"] == 0
     assert {"inventory", "counter"} <= set(plugins.installed_names(plugins.Kind.ENVIRONMENT))
 
 
@@ -100,7 +104,7 @@ run: inventory-crash
 seed: 5
 agent: stocker
 environments: [inventory]
-trainer: {{kind: example, batch_groups: 1}}
+trainer: {{kind: ledger-advantage, batch_groups: 1}}
 tasks: {{path: {tasks}}}
 rollout: {{group_size: 2, max_turns: 6}}
 policy: {{host: inline, per_token_delay_s: 0.004}}
