@@ -22,6 +22,7 @@ beside it. The measures, the same code for both (wrapped around what each versio
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 
 def child(train_s: float, tasks: int) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def child(train_s: float, tasks: int) -> dict[str, Any]:
             "sealed": summary.rollouts_sealed,
             "steps_ms": [round(s, 1) for s in steps],
             "snapshot_ms": [round(s, 1) for s in snapshots],
-            "snapshot_gap_ms_max": round(max(b - a for a, b in zip(asked, asked[1:])) * 1000, 1),
+            "snapshot_gap_ms_max": round(max(b - a for a, b in itertools.pairwise(asked)) * 1000, 1),
             "pause_ms": summary.pause_ms,
             "published": summary.snapshots_published,
             "loop_stall_ms": round(lag[0] * 1000, 1),

@@ -14,6 +14,7 @@ session: after a restore, the steps after the anchor are trained again, once.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,8 @@ class TrainerActor(Actor):
         reply = await self.client.call(
             self.tq_address,
             FetchRows(rollout_ids=sealed),
-            correlation_id=f"fetch-{command.session}-s{command.step}",
+            # A read: a fresh id each time, or TQ's reply cache would answer a retry with the old rows.
+            correlation_id=f"fetch-{command.session}-s{command.step}-{secrets.token_hex(4)}",
             timeout=FETCH_TIMEOUT_S,
         )
         if not isinstance(reply, CanonicalRows):

@@ -63,8 +63,9 @@ class FakeTQ(Actor):
                 turns=(StagingRow(capture_key=r, turn=0, token_ids=(len(r), 2)),),
             )
             for r in fetch.rollout_ids
+            if "gone" not in r
         )
-        return CanonicalRows(rows=rows)
+        return CanonicalRows(rows=rows, missing=tuple(r for r in fetch.rollout_ids if "gone" in r))
 
 
 class CountingTrainer(ExampleTrainer):
@@ -217,4 +218,43 @@ async def test_the_trainer_answers_while_a_step_runs_and_a_duplicate_waits_for_i
         assert isinstance(first, Trained) and first == second and plugin.batches == [("t0",)]
     finally:
         plugin.release.set()
+        await actor.stop()
+
+
+class FailingTrainer(CountingTrainer):
+    """Fails its second step half-way, after changing its state."""
+
+    def train(self, batch: list[GroupResult]) -> TrainStep:
+        if self.batches:
+            self.policy_version += 100  # a half-done update
+            self.batches.append(("failed",))
+            raise RuntimeError("out of GPU memory")
+        return super().train(batch)
+
+
+async def test_bad_input_and_a_failing_plugin_get_typed_errors_and_the_trainer_serves_on(
+    broker: MemoryBroker,
+) -> None:
+    plugin = FailingTrainer()
+    actor = await start(broker, plugin, None)
+    client = Client(broker, secret=SECRET, sender="controller/0")
+    try:
+        await ask(client, TrainerSync(session="s1", step=0), "sync-s1")
+        # Rows TQ does not have: retryable (the controller sends the step again), nothing trained.
+        missing = await ask(client, train("s1", 1, "gone"), train_correlation_id("s1", 1))
+        assert isinstance(missing, Error) and missing.code == ErrorCode.UNAVAILABLE and missing.retryable
+        assert "gone_g0" in missing.detail and plugin.batches == []
+        one = await ask(client, train("s1", 1, "t0"), train_correlation_id("s1", 1))
+        assert isinstance(one, Trained) and one.policy_version == 1
+        # The plugin raises: an internal error, and its state goes back to step 1's.
+        failed = await ask(client, train("s1", 2, "t1"), train_correlation_id("s1", 2))
+        assert isinstance(failed, Error) and failed.code == ErrorCode.INTERNAL
+        assert "out of GPU memory" in failed.detail and plugin.policy_version == 1
+        assert actor.records.last_step == 1
+        # A sync past the records is refused by name; the actor still answers.
+        ahead = await ask(client, TrainerSync(session="s2", step=4), "sync-s2")
+        assert isinstance(ahead, Error) and ahead.code == ErrorCode.INVALID_PHASE
+        status = await client.request("trainer/0", Status(checkpoint_id="st-2", deadline=time.time() + 10))
+        assert isinstance(status, StatusReport) and status.counts["train_step"] == 1
+    finally:
         await actor.stop()
