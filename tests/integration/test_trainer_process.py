@@ -89,3 +89,49 @@ async def test_the_trainer_killed_alone_resumes_and_trains_each_group_once(
     log = again.log_text()
     assert ('"train_replayed"' in log) == replayed, log[-3000:]
     assert '"trainer_resumed"' in log
+
+
+async def test_the_whole_cluster_killed_with_its_trainer_trains_each_group_once(
+    spawn, client, amqp_url, run_name, tmp_path
+) -> None:
+    """The controller dies right after publishing its second snapshot, every other process (the
+    trainer too) is SIGKILLed with it; a fresh cluster restores, the trainer goes back to the
+    snapshot's step, and the groups after it are trained once each."""
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(CONFIG)
+    state = tmp_path / "state"
+    reference = await reference_digest(config_path, tmp_path)
+
+    async def cluster() -> list:
+        started = [spawn(role, replica, args=("--config", str(config_path))) for role, replica in ROLES]
+        started.append(spawn("trainer", 0, args=("--config", str(config_path))))
+        for actor in started:
+            await wait_ready(client, actor, timeout=60)
+        return started
+
+    first = await cluster()
+    driver = start_driver(config_path, run_name, state, amqp_url, faults="after_publish@2")
+    await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == -signal.SIGKILL
+    for actor in first:
+        actor.kill()
+    snapshots = sorted((state / "snapshots" / run_name).glob("snapshot_*"))
+    manifest = json.loads((snapshots[-1] / "manifest.json").read_text())
+    anchored = manifest["trainer"]["step"]
+    assert anchored < 4, "the crash must come before the last step, or this case proves nothing"
+
+    await cluster()
+    driver = start_driver(config_path, run_name, state, amqp_url)
+    out, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["restores"] == 1
+    assert (
+        summary["rollouts_sealed"] == summary["rollouts_expected"] == 12 and summary["rollouts_failed"] == 0
+    )
+    assert summary["transcripts_sha256"] == reference
+    steps = TrainerRecords(state / "state" / run_name / "trainer" / "0" / "steps").steps()
+    assert [r.step for r in steps] == [1, 2, 3, 4]
+    assert sorted(g for r in steps for g in r.groups) == [task_group_id(i) for i in range(4)]
+    # The steps after the anchor were trained by the restored controller's session.
+    assert len({r.session for r in steps[anchored:]}) == 1
