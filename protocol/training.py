@@ -25,7 +25,7 @@ class TrainedRollout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``step_<N>.msgpack`` in the trainer's state directory: the trainer's state after step N, the
+    """``steps/step_<N>.msgpack`` in the trainer's state directory (``layout.trainer_state_file_name``): the trainer's state after step N, the
     groups it trained, and its reply (a ``Trained``, MessagePack) for a repeated ``Train`` of N."""
 
     step: int
@@ -47,10 +47,6 @@ class InTraining(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     step: int
     groups: tuple[str, ...]
-
-
-def step_file_name(step: int) -> str:
-    return f"step_{step:08d}.msgpack"
 
 
 def train_correlation_id(session: str, step: int) -> str:

@@ -24,6 +24,7 @@ from parkway.actors.runtime.actor import Actor
 from parkway.actors.sdk import plugins
 from parkway.actors.sdk.trainer import GroupResult, Trainer, TrainStep
 from parkway.actors.storage.trainer import TrainerRecords
+from parkway.protocol import layout
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.ids import Role
 from parkway.protocol.messages import (
@@ -70,7 +71,7 @@ class TrainerActor(Actor):
         self.tq_address = tq_address
         self._initial = trainer.state()  # step 0: what a sync back to the start loads
         if records_dir is None and self.state_dir is not None:
-            records_dir = self.state_dir / "steps"
+            records_dir = self.state_dir / layout.TRAINER_STEPS_DIR
         self.records = TrainerRecords(records_dir)
         last = self.records.get(self.records.last_step)
         if last is not None:  # a restarted trainer continues from its last recorded step

@@ -12,9 +12,7 @@ from parkway.actors.storage.files import fsync_dir, replace_durably
 from parkway.actors.storage.runs import RunDirectory
 from parkway.protocol import layout
 from parkway.protocol.anchor import ControllerAnchor, decode_anchor, encode_anchor
-from parkway.protocol.training import StepRecord, TrainerFence, step_file_name
-
-FENCE_FILE = "fence.msgpack"
+from parkway.protocol.training import StepRecord, TrainerFence
 
 
 def write_trainer_checkpoint(
@@ -46,10 +44,12 @@ class TrainerRecords:
         self._fence = ""
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
-            for path in directory.glob("step_*.msgpack"):
+            for path in directory.iterdir():
+                if layout.parse_trainer_state_file_name(path.name) is None:
+                    continue
                 record = msgspec.msgpack.decode(path.read_bytes(), type=StepRecord)
                 self._memory[record.step] = record
-            fence = directory / FENCE_FILE
+            fence = directory / layout.TRAINER_FENCE_FILE
             if fence.exists():
                 self._fence = msgspec.msgpack.decode(fence.read_bytes(), type=TrainerFence).session
 
@@ -71,14 +71,14 @@ class TrainerRecords:
     def write(self, record: StepRecord) -> None:
         """Durable before it returns (file fsynced, renamed, directory fsynced)."""
         if self.directory is not None:
-            replace_durably(self.directory / step_file_name(record.step), msgspec.msgpack.encode(record))
+            replace_durably(self.directory / layout.trainer_state_file_name(record.step), msgspec.msgpack.encode(record))
             fsync_dir(self.directory)
         self._memory[record.step] = record
 
     def set_fence(self, session: str) -> None:
         if self.directory is not None:
             replace_durably(
-                self.directory / FENCE_FILE, msgspec.msgpack.encode(TrainerFence(session=session))
+                self.directory / layout.TRAINER_FENCE_FILE, msgspec.msgpack.encode(TrainerFence(session=session))
             )
             fsync_dir(self.directory)
         self._fence = session
@@ -89,7 +89,7 @@ class TrainerRecords:
         later = sorted((s for s in self._memory if s > step), reverse=True)
         for s in later:
             if self.directory is not None:
-                (self.directory / step_file_name(s)).unlink(missing_ok=True)
+                (self.directory / layout.trainer_state_file_name(s)).unlink(missing_ok=True)
             del self._memory[s]
         if later and self.directory is not None:
             fsync_dir(self.directory)

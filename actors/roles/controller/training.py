@@ -179,6 +179,8 @@ class TrainingHook:
                 )
             except BrokerError:  # no answer yet: training, or a trainer process that died
                 self._counts[f"trainer_resends:{what}"] += 1
+                # Said each time, so that a trainer that never comes back is seen, not waited on silently.
+                log.info("trainer_unanswered", command=what, correlation_id=correlation_id, after_s=every)
                 continue
             if isinstance(reply, Error):
                 if reply.retryable:
