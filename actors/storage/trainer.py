@@ -71,14 +71,17 @@ class TrainerRecords:
     def write(self, record: StepRecord) -> None:
         """Durable before it returns (file fsynced, renamed, directory fsynced)."""
         if self.directory is not None:
-            replace_durably(self.directory / layout.trainer_state_file_name(record.step), msgspec.msgpack.encode(record))
+            replace_durably(
+                self.directory / layout.trainer_state_file_name(record.step), msgspec.msgpack.encode(record)
+            )
             fsync_dir(self.directory)
         self._memory[record.step] = record
 
     def set_fence(self, session: str) -> None:
         if self.directory is not None:
             replace_durably(
-                self.directory / layout.TRAINER_FENCE_FILE, msgspec.msgpack.encode(TrainerFence(session=session))
+                self.directory / layout.TRAINER_FENCE_FILE,
+                msgspec.msgpack.encode(TrainerFence(session=session)),
             )
             fsync_dir(self.directory)
         self._fence = session
