@@ -305,13 +305,13 @@ class Controller(Actor):
         if self.snapshots is not None:
             background.append(loop.create_task(self._snapshot_loop(config, stop_after_snapshots, crash)))
         try:
-            while dispatcher.has_work():
+            while dispatcher.has_work() or training.busy:  # a last step may still checkpoint
                 if crash.done():
                     crash.result()
                 dispatcher.admit_groups()
                 await dispatcher.dispatch_ready()
                 training.train_ready()
-                if not dispatcher.has_work():
+                if not dispatcher.has_work() and not training.busy:
                     break
                 self._wake.clear()
                 waiter = loop.create_task(self._wake.wait())

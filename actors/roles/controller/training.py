@@ -107,6 +107,11 @@ class TrainingHook:
             self._counts["trainer_steps_dropped"] += reply.dropped
         log.info("trainer_synced", step=step, dropped=reply.dropped)
 
+    @property
+    def busy(self) -> bool:
+        """A batch handed over whose answer (and checkpoint) is not done yet."""
+        return self._task is not None and not self._task.done()
+
     def train_ready(self) -> None:
         """Hand the next batch to the trainer unless one is in flight. A batch that failed raises here
         (in the run loop): a run never ends silently."""
