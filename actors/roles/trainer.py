@@ -147,7 +147,7 @@ class TrainerActor(Actor):
             )
             self.faults.reach("trainer_after_record")
             self.counts["train_step"] = command.step  # Status shows how far the trainer got
-            log.info("trained", step=command.step, groups=len(groups), samples=reply.samples)
+            log.info("step_trained", step=command.step, groups=len(groups), samples=reply.samples)
             return reply
 
     async def _fetch(self, command: Train) -> list[GroupResult]:
