@@ -46,12 +46,7 @@ configure_logging(level=os.environ.get("PARKWAY_BENCH_LOG_LEVEL", "warning"), st
 
 
 def roles(config: RunConfig) -> list[tuple[str, int]]:
-    topology = config.topology
-    return [("tq", 0), ("policy", 0)] + [
-        (role, i)
-        for role, count in (("resources", topology.resources), ("agent", topology.agents))
-        for i in range(count)
-    ]
+    return launch.service_roles(config)
 
 
 @dataclass

@@ -11,6 +11,7 @@ of the sums, and without ``next_task``, ``first_in_play`` or ``trained_groups``.
 from __future__ import annotations
 
 import msgspec
+from parkway.protocol.training import InTraining
 
 TRANSCRIPTS_BITS = 256
 
@@ -32,6 +33,8 @@ class ControllerAnchor(msgspec.Struct, kw_only=True):
     transcripts: str = "0" * (TRANSCRIPTS_BITS // 4)
     trained_groups: list[str] = []  # the trained groups from ``first_in_play`` to the cursor
     counts: dict[str, int] = {}
+    # The batch handed to the trainer and not answered at the cut: a restore sends it again.
+    training: InTraining | None = None
 
     @property
     def transcripts_sum(self) -> int:

@@ -57,6 +57,7 @@ class Role(StrEnum):
     POLICY = "policy"
     RESOURCES = "resources"
     TQ = "tq"
+    TRAINER = "trainer"  # hosts the trainer plugin; not a snapshot participant (anchored by step)
 
 
 # The roles a snapshot holds, in the order a whole-cluster fan-out (abort, orphans, topology) walks them.

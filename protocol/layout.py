@@ -24,6 +24,10 @@ from pathlib import PurePosixPath
 SNAPSHOTS_DIR = "snapshots"  # under the state directory: one folder per run
 HISTORY_DIR = "history"
 ACTOR_STATE_DIR = "state"
+# Under the trainer actor's state directory (``state/<run>/trainer/<replica>/``): one record per step
+# (``trainer_state_file_name``) and the controller session it is synced with.
+TRAINER_STEPS_DIR = "steps"
+TRAINER_FENCE_FILE = "fence.msgpack"
 
 MANIFEST = "manifest.json"
 LEDGER = "ledger.msgpack"

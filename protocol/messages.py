@@ -19,6 +19,7 @@ from parkway.protocol import SCHEMA_VERSION
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import is_valid_checkpoint_id
 from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
+from parkway.protocol.training import TrainedRollout, TrainGroup
 
 # Token ids are vocabulary indices: never negative, and below any vocabulary a model has.
 MAX_TOKEN_ID = 2**31 - 1
@@ -470,6 +471,46 @@ class CanonicalRows(Message, frozen=True, kw_only=True):
     missing: tuple[str, ...] = ()
 
 
+class Train(Message, frozen=True, kw_only=True):
+    """Controller -> trainer: train step ``step`` on these groups. The correlation id names the
+    controller's session and the step; a repeated ``Train`` of a step done is answered from the
+    trainer's step record."""
+
+    session: str  # one per controller process: the trainer refuses one it is not synced with
+    step: int
+    groups: tuple[TrainGroup, ...]
+
+
+class Trained(Message, frozen=True, kw_only=True):
+    """Trainer -> controller: what step ``step`` did (``sdk.trainer.TrainStep``) and what it read."""
+
+    step: int
+    policy_version: int
+    groups: int
+    samples: int
+    failed: int
+    mean_reward: float
+    tokens: int
+    weights_dir: str | None = None
+    rollouts: tuple[TrainedRollout, ...] = ()
+
+
+class TrainerSync(Message, frozen=True, kw_only=True):
+    """Controller -> trainer, before its first ``Train``: go to step ``step`` (the run's anchor; 0 on a
+    fresh start), dropping the records after it; ``Train`` of another session is refused from now on."""
+
+    session: str
+    step: int
+
+
+class TrainerAt(Message, frozen=True, kw_only=True):
+    """Trainer -> controller: where ``TrainerSync`` left it."""
+
+    step: int
+    policy_version: int
+    dropped: int = 0  # steps after ``step`` the trainer had done and forgot (a restore trains them again)
+
+
 class Completed(Message, frozen=True, kw_only=True):
     """Agent -> controller: a receipt for a finished attempt. The agent keeps it until acknowledged."""
 
@@ -537,6 +578,10 @@ AnyMessage = (
     | FetchRows
     | ReleaseRows
     | CanonicalRows
+    | Train
+    | Trained
+    | TrainerSync
+    | TrainerAt
     | Completed
     | Ack
     | Failed

@@ -45,6 +45,7 @@ def test_every_actor_runs_as_its_own_service(services: dict[str, dict]) -> None:
         ("resources", 0),
         ("resources", 1),
         ("tq", 0),
+        ("trainer", 0),
     ]
     # The controller runs the example workload; every actor reads the same configuration file.
     controller = _parser().parse_args(services["controller"]["command"][1:])

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
 from parkway.brokers.base import BrokerError
 from parkway.protocol.messages import Status, StatusReport
@@ -163,6 +164,19 @@ def start(
             cwd=cwd,
         )
     return Process(name, popen, stderr if isinstance(stderr, Path) else None)
+
+
+def service_roles(config: RunConfig) -> list[tuple[str, int]]:
+    """The ``parkway actor`` processes a configuration's workload needs, as (role, replica), in the
+    order to start them: TQ, the policy, the tool servers, the agents, and the trainer when it is a
+    service (``trainer.host: service``; inline, the controller's process hosts it)."""
+    topology = config.topology
+    started = [("tq", 0), ("policy", 0)]
+    started += [("resources", i) for i in range(topology.resources)]
+    started += [("agent", i) for i in range(topology.agents)]
+    if config.trainer.host == "service":
+        started.append(("trainer", 0))
+    return started
 
 
 def start_actor(

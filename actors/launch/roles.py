@@ -7,6 +7,7 @@ from parkway.actors.roles.controller.controller import Controller
 from parkway.actors.roles.policy import Policy
 from parkway.actors.roles.resources import Resources
 from parkway.actors.roles.tq import TransferQueue
+from parkway.actors.roles.trainer import TrainerActor
 from parkway.actors.runtime.actor import Actor
 from parkway.protocol.ids import Role
 
@@ -15,6 +16,7 @@ ROLES: dict[Role, type[Actor]] = {
     Role.POLICY: Policy,
     Role.RESOURCES: Resources,
     Role.AGENT: Agent,
+    Role.TRAINER: TrainerActor,
     Role.CONTROLLER: Controller,
 }
 
@@ -24,5 +26,6 @@ DEFAULT_TOPOLOGY: dict[Role, int] = {
     Role.POLICY: 1,
     Role.RESOURCES: 2,
     Role.AGENT: 2,
+    Role.TRAINER: 1,  # pairs with a workload of trainer.host: service (inline, its controller hosts one)
     Role.CONTROLLER: 1,
 }

@@ -18,7 +18,7 @@ from parkway.actors.runtime.participant import Participant
 from parkway.actors.sdk.trainer import Trainer
 from parkway.brokers.base import Broker
 from parkway.protocol.ids import Role
-from parkway.protocol.layout import SNAPSHOTS_DIR
+from parkway.protocol.layout import ACTOR_STATE_DIR, SNAPSHOTS_DIR
 
 
 def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
@@ -52,6 +52,8 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             "prefetch": data_prefetch(config),
             **actor_options(role, config),
         }
+    if role == Role.TRAINER:
+        return {"kind": config.trainer.kind, "options": dict(config.trainer.options)}
     return actor_options(role, config)
 
 
@@ -84,6 +86,10 @@ def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root
             if issubclass(cls, Participant):
                 kwargs["snapshot_root"] = state_root / SNAPSHOTS_DIR
             actors.append(cls(broker, **kwargs))
+    if config.trainer.host == "service":  # inline, the controller hosts it; embedded, it is here
+        trainer_dir = state_root / ACTOR_STATE_DIR / broker.run / Role.TRAINER / "0"
+        options = {"secret": secret, "state_dir": trainer_dir, **role_options(Role.TRAINER, config)}
+        actors.append(ROLES[Role.TRAINER](broker, **options))
     return actors
 
 

@@ -75,6 +75,10 @@ class TrainerConfig(_Section, frozen=True):
     options: dict[str, Any] = {}  # keywords its constructor takes
     batch_groups: int = 2
     checkpoint_every: int = 0  # train steps between trainer checkpoints (0: never)
+    # Where the trainer actor runs: "inline" in the controller's process (an embedded run, or a
+    # controller of its own), "service": a ``parkway actor trainer`` process the controller waits for.
+    host: Literal["inline", "service"] = "inline"
+    resend_s: float = 5.0  # a Train unanswered this long is sent again (the same step, the same id)
 
 
 class FaultsConfig(_Section, frozen=True):
@@ -196,6 +200,8 @@ def check(config: RunConfig) -> None:
         problems.append("trainer.checkpoint_every: must be >= 0")
     if config.rollout.stall_timeout_s <= 0:
         problems.append("rollout.stall_timeout_s: must be > 0")
+    if config.trainer.resend_s <= 0:
+        problems.append("trainer.resend_s: must be > 0")
     if config.policy.per_token_delay_s < 0:
         problems.append("policy.per_token_delay_s: must be >= 0")
     if config.resources.tool_delay_s < 0:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from parkway.actors.launch import processes as launch
 from parkway.actors.launch.processes import Process, clean_environment
+from parkway.actors.storage.trainer import TrainerRecords
 
 from tests.support.compose import compose, example_env
 from tests.support.paths import ROOT
@@ -85,7 +86,15 @@ async def test_the_compose_services_run_the_workload_and_a_killed_controller_res
 
     try:
         actors = [name for name in services if name not in ("controller", "prometheus")]
-        assert sorted(actors) == ["agent-0", "agent-1", "policy", "resources-0", "resources-1", "tq"]
+        assert sorted(actors) == [
+            "agent-0",
+            "agent-1",
+            "policy",
+            "resources-0",
+            "resources-1",
+            "tq",
+            "trainer",
+        ]
         for name in actors:
             start(name)
         addresses = {
@@ -95,6 +104,7 @@ async def test_the_compose_services_run_the_workload_and_a_killed_controller_res
             "resources-1": "resources/1",
             "agent-0": "agent/0",
             "agent-1": "agent/1",
+            "trainer": "trainer/0",
         }
         for index, name in enumerate(actors):
             await wait_ready(client, launched[f"{name}-{index}"], address=addresses[name], timeout=60)
@@ -121,6 +131,14 @@ async def test_the_compose_services_run_the_workload_and_a_killed_controller_res
         assert summary["rollouts_sealed"] == summary["rollouts_expected"] == "36", out
         assert summary["rollouts_failed"] == "0" and summary["tool_mutations_duplicated"] == "0"
         assert summary["sessions_leaked"] == "0"
+        # The trainer service lived through it and went back to the restored snapshot's step: its
+        # records are contiguous and hold every group once.
+        steps = TrainerRecords(state / "state" / run_name / "trainer" / "0" / "steps").steps()
+        assert [r.step for r in steps] == list(range(1, len(steps) + 1)) and len(
+            steps
+        ) == 6  # 12 groups, 2 a step
+        groups = [g for r in steps for g in r.groups]
+        assert len(groups) == len(set(groups)) == 12
         # Every other service lived through it: the same processes still answer.
         for name, process in processes.items():
             if not name.startswith("controller"):

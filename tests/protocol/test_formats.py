@@ -45,9 +45,14 @@ ANCHOR = {
 def test_a_ledger_file_is_written_byte_for_byte_as_the_dict_was() -> None:
     typed = LedgerFile(ledger=b"\x81\xa1x\x01", controller=ControllerAnchor(**ANCHOR))  # type: ignore[arg-type]
     old = msgspec.msgpack.encode({"ledger": b"\x81\xa1x\x01", "controller": ANCHOR})
-    assert encode_ledger_file(typed) == old
+    # The anchor now also says which batch was in training at the cut (none here); an anchor written
+    # before that field decodes to the same value.
+    now = {**ANCHOR, "training": None}
+    assert encode_ledger_file(typed) == msgspec.msgpack.encode(
+        {"ledger": b"\x81\xa1x\x01", "controller": now}
+    )
     assert decode_ledger_file(old) == typed
-    assert encode_anchor(typed.controller) == msgspec.msgpack.encode(ANCHOR)
+    assert encode_anchor(typed.controller) == msgspec.msgpack.encode(now)
     assert decode_anchor(msgspec.msgpack.encode(ANCHOR)) == typed.controller
     assert typed.controller.transcripts_sum == 12345
 
@@ -144,3 +149,12 @@ def test_the_layout_names_and_their_parsers_agree() -> None:
     assert layout.parse_trainer_state_file_name("step_4.msgpack") == 4
     for other in ("step_4.tmp", "fallback_4.msgpack", "step_.msgpack", "step_x.msgpack"):
         assert layout.parse_trainer_state_file_name(other) is None
+
+
+def test_an_anchor_keeps_the_batch_in_training_at_the_cut() -> None:
+    from parkway.protocol.training import InTraining
+
+    anchor = ControllerAnchor(**ANCHOR, training=InTraining(step=4, groups=("t0005", "t0006")))  # type: ignore[arg-type]
+    decoded = decode_ledger_file(encode_ledger_file(LedgerFile(ledger=b"", controller=anchor))).controller
+    assert decoded.training == InTraining(step=4, groups=("t0005", "t0006"))
+    assert decode_anchor(encode_anchor(anchor)) == anchor

@@ -77,6 +77,23 @@ EXAMPLES: list[m.Message] = [
     m.Completed(rollout_id="g1_g0", attempt=0, capture_key="g1_g0", reward=1.0, turns=5),
     m.Ack(receipts=(ATTEMPT,)),
     m.Failed(rollout_id="g1_g0", attempt=0, code="max_turns", detail="no answer after 8 turns"),
+    m.Train(
+        session="tr-1",
+        step=2,
+        groups=(m.TrainGroup(group_id="g1", task_index=1, sealed=("g1_g0",), failed=("g1_g1",)),),
+    ),
+    m.Trained(
+        step=2,
+        policy_version=3,
+        groups=1,
+        samples=1,
+        failed=1,
+        mean_reward=1.0,
+        tokens=12,
+        rollouts=(m.TrainedRollout(rollout_id="g1_g0", reward=1.0, digest="ab" * 32),),
+    ),
+    m.TrainerSync(session="tr-1", step=1),
+    m.TrainerAt(step=1, policy_version=2, dropped=1),
 ]
 
 

@@ -85,10 +85,13 @@ class AgentLiveness:
         self._retirement, self._wake = retirement, wake
         self._incarnations: dict[str, tuple[int, float]] = {}  # address -> (pid, started_at) last seen
 
-    async def wait_for_cluster(self, config: RunConfig, timeout: float = 120.0) -> None:
-        """Every participant answers Status before the first dispatch (a missing one is named)."""
+    async def wait_for_cluster(
+        self, config: RunConfig, timeout: float = 120.0, *, extra: tuple[str, ...] = ()
+    ) -> None:
+        """Every participant (and ``extra``) answers Status before the first dispatch (a missing one
+        is named)."""
         deadline = time.monotonic() + timeout
-        missing = participant_addresses(config)
+        missing = [*participant_addresses(config), *extra]
         while missing:
             still = []
             for address in missing:

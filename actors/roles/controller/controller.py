@@ -20,7 +20,6 @@ from typing import Any
 
 import anyio
 import structlog
-from parkway.actors.builtin.trainers import ExampleTrainer
 from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot
 from parkway.actors.roles.controller.cluster import AgentLiveness, restart_only_participants
 from parkway.actors.roles.controller.dispatch import Dispatcher
@@ -34,12 +33,11 @@ from parkway.actors.roles.controller.save import Published, Skipped
 from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.roles.controller.summary import RunSummary, summarize
-from parkway.actors.roles.controller.training import TrainingHook
+from parkway.actors.roles.controller.training import TRAINER, TrainingHook, inline_trainer
 from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.settings import cluster_wait_s
-from parkway.actors.sdk import plugins
 from parkway.actors.sdk.trainer import Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -90,7 +88,6 @@ class Controller(Actor):
         self.run_started_at: float | None = None  # monotonic, at the first dispatch
         self._config: RunConfig | None = None
         self._tasks: list[Task] = []
-        self._trainer: Trainer | None = None
         self._expected = 0
 
     # -- what the snapshots may do (host.SnapshotHost) ----------------------------------------------
@@ -151,21 +148,16 @@ class Controller(Actor):
             restart_only=self.restart_only,
             saved_episodes=saved_episodes,
         )
-        self._trainer_follows_anchor()
         return continuation
 
     def adopt_fallback(self, anchor: ControllerAnchor, trainer_state: dict[str, Any]) -> None:
-        assert self._config is not None and self._trainer is not None
+        """The trainer follows at the run's start (``TrainingHook.sync``: to the marker's step)."""
+        assert self._config is not None
         adopt_fallback(
             self.state, anchor, config=self._config, task_count=len(self._tasks), counts=self.counts
         )
-        self._trainer_follows_anchor()
-        self._trainer.load_state(trainer_state)
         self.state.policy_version = int(trainer_state["policy_version"])
-
-    def _trainer_follows_anchor(self) -> None:
-        if isinstance(self._trainer, ExampleTrainer):
-            self._trainer.policy_version = self.state.policy_version
+        self.state.training = None  # a marker is written between steps: nothing was in flight
 
     # -- receipts ------------------------------------------------------------------------------------
     async def on_completed(self, receipt: Completed) -> None:
@@ -227,12 +219,26 @@ class Controller(Actor):
         snapshot_root: Path | None,
         stop_after_snapshots: int | None,
     ) -> RunSummary:
-        if trainer is None:  # the configuration's trainer plugin (checked at set-up; here again if not)
-            trainer = plugins.check_trainer(
-                plugins.resolve(plugins.Kind.TRAINER, config.trainer.kind), dict(config.trainer.options)
-            )
-        self._trainer = trainer
         self._config, self._tasks = config, tasks
+        # The trainer actor: in this process (given a Trainer object, or ``trainer.host: inline``),
+        # or a ``parkway actor trainer`` service that must answer like every participant.
+        hosted = await inline_trainer(self.broker, self.client.secret, config, trainer, snapshot_root)
+        try:
+            return await self._run_hosting_trainer(
+                config, tasks, hosted is not None, snapshot_root, stop_after_snapshots
+            )
+        finally:
+            if hosted is not None:
+                await hosted.stop()
+
+    async def _run_hosting_trainer(
+        self,
+        config: RunConfig,
+        tasks: list[Task],
+        inline: bool,
+        snapshot_root: Path | None,
+        stop_after_snapshots: int | None,
+    ) -> RunSummary:
         self.retirement.resources = config.topology.resources
         dispatcher = Dispatcher(
             client=self.client,
@@ -249,7 +255,7 @@ class Controller(Actor):
         expected = len(tasks) * config.rollout.group_size
         self._expected = expected
         self.stage = "waiting for the cluster"
-        await self.wait_for_cluster(config, cluster_wait_s())
+        await self.wait_for_cluster(config, cluster_wait_s(), trainer=not inline)
         await self.check_restart_only(config)
         self.snapshots = (
             SnapshotCoordinator(self, config, snapshot_root) if snapshot_root is not None else None
@@ -260,9 +266,9 @@ class Controller(Actor):
             self.counts,
             self._snapshot_lock,
             config,
-            trainer,
             len(tasks),
             self.snapshots,
+            self._wake.set,
         )
         self.stage = "restoring"
         restored = self.snapshots is not None and await self.snapshots.restore_if_any()
@@ -278,6 +284,7 @@ class Controller(Actor):
             groups_left=len(self.state.ledger.groups) + len(tasks) - self.state.next_task,
             snapshots=self.snapshots is not None,
         )
+        await training.sync()  # the trainer goes to the restored step (0 on a fresh start)
         self.history.record(
             RunStarted(
                 restored=restored,
@@ -298,13 +305,13 @@ class Controller(Actor):
         if self.snapshots is not None:
             background.append(loop.create_task(self._snapshot_loop(config, stop_after_snapshots, crash)))
         try:
-            while dispatcher.has_work():
+            while dispatcher.has_work() or training.busy:  # a last step may still checkpoint
                 if crash.done():
                     crash.result()
                 dispatcher.admit_groups()
                 await dispatcher.dispatch_ready()
-                await training.train_ready()
-                if not dispatcher.has_work():
+                training.train_ready()
+                if not dispatcher.has_work() and not training.busy:
                     break
                 self._wake.clear()
                 waiter = loop.create_task(self._wake.wait())
@@ -315,6 +322,7 @@ class Controller(Actor):
             if self.snapshots is not None:
                 self.snapshots.mark_completed()
         finally:
+            await training.stop()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -346,9 +354,12 @@ class Controller(Actor):
             "elapsed_s": time.monotonic() - self.run_started_at if self.run_started_at is not None else 0.0,
         }
 
-    async def wait_for_cluster(self, config: RunConfig, timeout: float = 120.0) -> None:
-        """Every participant answers Status before the first dispatch (a missing one is named)."""
-        await self.liveness.wait_for_cluster(config, timeout)
+    async def wait_for_cluster(
+        self, config: RunConfig, timeout: float = 120.0, *, trainer: bool = False
+    ) -> None:
+        """Every participant (and a trainer service) answers Status before the first dispatch (a
+        missing one is named)."""
+        await self.liveness.wait_for_cluster(config, timeout, extra=(TRAINER,) if trainer else ())
 
     async def check_restart_only(self, config: RunConfig) -> None:
         """Name the participants that cannot save a rollout mid-way (``cluster.restart_only_participants``)."""

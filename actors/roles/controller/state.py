@@ -9,15 +9,8 @@ from collections import Counter
 from parkway.protocol.anchor import ControllerAnchor, transcripts_hex
 from parkway.protocol.ids import parse_task_group_id
 from parkway.protocol.ledger import Ledger
-from parkway.protocol.messages import CanonicalRow
-
-
-def transcript_digest(row: CanonicalRow) -> int:
-    """A rollout's id and tokens, turn by turn, as a 256-bit number."""
-    h = hashlib.sha256(row.rollout_id.encode())
-    for turn in row.turns:
-        h.update(f"/{turn.turn}:{','.join(map(str, turn.token_ids))};".encode())
-    return int.from_bytes(h.digest(), "big")
+from parkway.protocol.messages import TrainedRollout
+from parkway.protocol.training import InTraining
 
 
 class RunState:
@@ -32,12 +25,13 @@ class RunState:
         self.reward_sum = 0.0
         self.transcripts = 0  # sum of each trained rollout's token digest, mod 2**256
         self.trained_groups: list[str] = []  # group ids the trainer consumed, those still in play
+        self.training: InTraining | None = None  # handed to the trainer, not answered yet
 
-    def trained(self, row: CanonicalRow) -> None:
+    def trained(self, rollout: TrainedRollout) -> None:
         """The trainer received this rollout."""
         self.sealed += 1
-        self.reward_sum += row.reward
-        self.transcripts = (self.transcripts + transcript_digest(row)) % 2**256
+        self.reward_sum += rollout.reward
+        self.transcripts = (self.transcripts + int(rollout.digest, 16)) % 2**256
 
     def transcripts_sha256(self) -> str:
         """One digest of every trained rollout's token ids (same seeds, same digest): each rollout's
@@ -63,6 +57,7 @@ class RunState:
             transcripts=transcripts_hex(self.transcripts),
             trained_groups=list(self.trained_groups),
             counts={k: v for k, v in counts.items() if not k.startswith(("error:", "refused:"))},
+            training=self.training,
         )
 
     def take_anchor(self, anchor: ControllerAnchor, *, task_count: int) -> None:
@@ -76,3 +71,4 @@ class RunState:
         self.next_task = anchor.next_task if anchor.next_task is not None else task_count
         self.first_in_play = anchor.first_in_play
         self.trained_groups = list(anchor.trained_groups)
+        self.training = anchor.training

@@ -1,26 +1,77 @@
-"""The trainer hook: settled groups go to the trainer in batches, its weights to the policy, and every
-few steps a trainer checkpoint with a snapshot anchored at it."""
+"""The trainer hook: settled groups go to the trainer actor in batches, its weights to the policy, and
+every few steps a trainer checkpoint with a snapshot anchored at it.
+
+Training runs in the trainer actor (``roles/trainer.py``), not here: the controller hands it a batch
+(``Train``) and goes on dispatching, sealing and snapshotting while the step runs. One batch is in
+flight at a time. Handing it over is one synchronous step (the groups become ``finalizing`` and the
+batch is recorded in ``RunState.training``), so a snapshot cut either predates it or holds the batch
+in its anchor; a restore then sends the batch again. Applying the answer (the groups leave the
+ledger, the anchor moves to the step, the policy loads the weights) is done under the snapshot lock,
+so a step that ends during a snapshot waits for that snapshot instead of throwing it away.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 from parkway.actors.roles.controller.state import RunState
+from parkway.actors.roles.trainer import TrainerActor
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
-from parkway.actors.sdk.trainer import GroupResult, Trainer, TrainStep
-from parkway.protocol.ids import new_checkpoint_id
+from parkway.actors.sdk.trainer import Trainer
+from parkway.brokers.base import Broker, BrokerError
+from parkway.protocol.errors import ProtocolError
+from parkway.protocol.ids import Role, actor_address, new_checkpoint_id
+from parkway.protocol.layout import ACTOR_STATE_DIR
 from parkway.protocol.ledger import Group
-from parkway.protocol.messages import CanonicalRows, FetchRows, LoadWeights, ReleaseRows, WeightsLoaded
+from parkway.protocol.messages import (
+    Error,
+    LoadWeights,
+    ReleaseRows,
+    Train,
+    Trained,
+    TrainerAt,
+    TrainerSync,
+    TrainGroup,
+    WeightsLoaded,
+)
 from parkway.protocol.snapshot import SnapshotFailure
+from parkway.protocol.training import InTraining, train_correlation_id
 
 log = structlog.get_logger("parkway.controller")
 
 WEIGHTS_TIMEOUT_S = 600.0  # loading a large model's weights from disk takes minutes, not seconds
+TRAINER = actor_address(Role.TRAINER, 0)
+
+
+async def inline_trainer(
+    broker: Broker, secret: bytes, config: RunConfig, trainer: Trainer | None, snapshot_root: Path | None
+) -> TrainerActor | None:
+    """The trainer actor in the controller's process, started: hosting ``trainer`` when one is given
+    (an embedded run, a test), the configured plugin with ``trainer.host: inline``; None when the
+    trainer is a service. With snapshots its records live beside the other actors' state, under the
+    state root, so that a restarted controller finds them."""
+    if trainer is None and config.trainer.host == "service":
+        return None
+    state_dir = None
+    if snapshot_root is not None:
+        state_dir = snapshot_root.parent / ACTOR_STATE_DIR / broker.run / Role.TRAINER / "0"
+    actor = TrainerActor(
+        broker,
+        secret=secret,
+        trainer=trainer,
+        kind=config.trainer.kind,
+        options=dict(config.trainer.options),
+        state_dir=state_dir,
+    )
+    await actor.start()
+    return actor
 
 
 class TrainingHook:
@@ -31,55 +82,133 @@ class TrainingHook:
         counts: Counter[str],
         snapshot_lock: asyncio.Lock,
         config: RunConfig,
-        trainer: Trainer,
         task_count: int,
         snapshots: SnapshotCoordinator | None,
+        wake: Callable[[], None],
     ) -> None:
         self._client, self._state, self._counts = client, state, counts
         self._snapshot_lock = snapshot_lock
-        self._config, self.trainer, self._task_count = config, trainer, task_count
+        self._config, self._task_count = config, task_count
         self._snapshots = snapshots
+        self._wake = wake
+        # This controller process: a Train it resends is the same command; the next process's is not.
+        self.session = new_checkpoint_id("tr")
+        self._task: asyncio.Task[None] | None = None
 
-    async def train_ready(self) -> None:
-        """Every full batch of settled groups (and the last, smaller one) goes to the trainer."""
-        batch_size = self._config.trainer.batch_groups
-        while True:
-            ledger = self._state.ledger
-            ready = ledger.ready_groups()
-            admitted = self._state.next_task >= self._task_count
-            everything_settled = admitted and len(ready) == len(ledger.groups)
-            if not ready or (len(ready) < batch_size and not everything_settled):
+    async def sync(self) -> None:
+        """Before the first ``Train``: the trainer goes to the run's step (a restore's anchor, 0 on a
+        fresh start) and forgets the steps after it; they are trained again from the ledger."""
+        step = self._counts["train_steps"]
+        reply = await self._call(
+            TrainerSync(session=self.session, step=step), f"sync-{self.session}", "TrainerSync"
+        )
+        assert isinstance(reply, TrainerAt)
+        if reply.dropped:
+            self._counts["trainer_steps_dropped"] += reply.dropped
+        log.info("trainer_synced", step=step, dropped=reply.dropped)
+
+    @property
+    def busy(self) -> bool:
+        """A batch handed over whose answer (and checkpoint) is not done yet."""
+        return self._task is not None and not self._task.done()
+
+    def train_ready(self) -> None:
+        """Hand the next batch to the trainer unless one is in flight. A batch that failed raises here
+        (in the run loop): a run never ends silently."""
+        if self._task is not None:
+            if not self._task.done():
                 return
-            batch = ready[:batch_size]
-            # A snapshot never sees a group between finalize and remove: no lock, and one cut while a
-            # group was finalizing would restore it finalizing, where nothing ever takes it again.
+            task, self._task = self._task, None
+            task.result()
+        if self._state.training is None:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            for group in batch:
+                self._state.ledger.finalize(group.group_id)
+            # No await since the finalize: a snapshot's cut sees both or neither.
+            self._state.training = InTraining(
+                step=self._counts["train_steps"] + 1, groups=tuple(g.group_id for g in batch)
+            )
+        self._task = asyncio.get_running_loop().create_task(self._train(self._state.training))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def _next_batch(self) -> list[Group] | None:
+        """A full batch of settled groups, or the last, smaller one."""
+        batch_size = self._config.trainer.batch_groups
+        ledger = self._state.ledger
+        ready = ledger.ready_groups()
+        admitted = self._state.next_task >= self._task_count
+        everything_settled = admitted and len(ready) == len(ledger.groups)
+        if not ready or (len(ready) < batch_size and not everything_settled):
+            return None
+        return ready[:batch_size]
+
+    async def _train(self, batch: InTraining) -> None:
+        try:
+            groups = []
+            for group_id in batch.groups:
+                group = self._state.ledger.groups[group_id]
+                groups.append(
+                    TrainGroup(
+                        group_id=group_id,
+                        task_index=group.task_index,
+                        sealed=tuple(s.rollout_id for s in group.siblings if not s.given_up),
+                        failed=tuple(s.rollout_id for s in group.siblings if s.given_up),
+                    )
+                )
+            command = Train(session=self.session, step=batch.step, groups=tuple(groups))
+            reply = await self._call(command, train_correlation_id(self.session, batch.step), "Train")
+            assert isinstance(reply, Trained)
             async with self._snapshot_lock:
-                await self._train_batch(batch)
+                await self._apply(batch, reply)
             every = self._config.trainer.checkpoint_every
             if every and self._counts["train_steps"] % every == 0:
                 await self._checkpoint()
+        finally:
+            self._wake()
 
-    async def _train_batch(self, batch: list[Group]) -> None:
+    async def _call(self, command: Train | TrainerSync, correlation_id: str, what: str) -> object:
+        """Ask the trainer until it answers. The same command under the same id each time: the trainer
+        answers a step it did from its record, and a step it is doing when the step ends."""
+        every = self._config.trainer.resend_s
+        while True:
+            try:
+                reply = await self._client.request(
+                    TRAINER, command, correlation_id=correlation_id, timeout=every
+                )
+            except BrokerError:  # no answer yet: training, or a trainer process that died
+                self._counts[f"trainer_resends:{what}"] += 1
+                # Said each time, so that a trainer that never comes back is seen, not waited on silently.
+                log.info("trainer_unanswered", command=what, correlation_id=correlation_id, after_s=every)
+                continue
+            if isinstance(reply, Error):
+                if reply.retryable:
+                    self._counts[f"trainer_resends:{what}"] += 1
+                    await asyncio.sleep(min(every, 1.0))
+                    continue
+                raise ProtocolError(reply.code, f"trainer refused {what}: {reply.detail}")
+            return reply
+
+    async def _apply(self, batch: InTraining, step: Trained) -> None:
         ledger = self._state.ledger
-        results = []
-        for group in batch:
-            ledger.finalize(group.group_id)
-            sealed = [s.rollout_id for s in group.siblings if not s.given_up]
-            reply = await self._client.call(
-                "tq/0", FetchRows(rollout_ids=tuple(sealed)), correlation_id=f"fetch:{group.group_id}"
-            )
-            assert isinstance(reply, CanonicalRows)
-            if reply.missing:
-                raise RuntimeError(f"TQ lacks canonical rows of sealed rollouts: {', '.join(reply.missing)}")
-            failed = tuple(s.rollout_id for s in group.siblings if s.given_up)
-            results.append(GroupResult(group.group_id, group.task_index, reply.rows, failed))
-            for row in reply.rows:
-                self._state.trained(row)
-        step = self.trainer.train(results)
         if step.weights_dir is not None:
-            await self.load_weights(step, locked=True)
+            await self.load_weights(step.weights_dir, step.policy_version, locked=True)
+        for rollout in step.rollouts:
+            self._state.trained(rollout)
         self._state.policy_version = step.policy_version
         self._counts["train_steps"] += 1
+        assert self._counts["train_steps"] == batch.step, (self._counts["train_steps"], batch.step)
+        consumed = tuple(s.rollout_id for g in batch.groups for s in ledger.groups[g].siblings)
+        for group_id in batch.groups:
+            group = ledger.remove(group_id)
+            self._state.trained_groups.append(group.group_id)
+        self._state.training = None
         log.info(
             "trained",
             step=step.step,
@@ -88,25 +217,20 @@ class TrainingHook:
             mean_reward=round(step.mean_reward, 4),
             policy_version=step.policy_version,
         )
-        for group in batch:
-            ledger.remove(group.group_id)
-            self._state.trained_groups.append(group.group_id)
         # TQ keeps rows until the trainer consumed them: after this, a snapshot no longer carries
         # them, so what a snapshot writes stays the rows of unfinished work, however long the run.
-        consumed = tuple(s.rollout_id for group in batch for s in group.siblings)
         await self._client.call(
-            "tq/0", ReleaseRows(rollout_ids=consumed), correlation_id=f"release:{batch[0].group_id}"
+            "tq/0", ReleaseRows(rollout_ids=consumed), correlation_id=f"release:{batch.groups[0]}"
         )
 
-    async def load_weights(self, step: TrainStep, *, locked: bool = False) -> None:
+    async def load_weights(self, directory: str, policy_version: int, *, locked: bool = False) -> None:
         """The policy loads the step's weights before any rollout is dispatched with its version. Not
         during a snapshot: the policy's record of its weights must be the ones its rollouts used."""
-        assert step.weights_dir is not None
         command = LoadWeights(
             checkpoint_id=new_checkpoint_id("weights"),
             deadline=time.time() + WEIGHTS_TIMEOUT_S,
-            directory=step.weights_dir,
-            policy_version=step.policy_version,
+            directory=directory,
+            policy_version=policy_version,
         )
         if locked:  # the caller holds the snapshot lock
             reply = await self._client.call("policy/0", command)
@@ -117,13 +241,15 @@ class TrainingHook:
         self._counts["weight_updates"] += 1
 
     async def _checkpoint(self) -> None:
-        """A trainer checkpoint: the fallback marker first, then the trainer's state, then a snapshot
-        anchored at this step. A crash anywhere in between leaves a marker that a restore can use."""
+        """A trainer checkpoint: the fallback marker first, then a snapshot anchored at this step. The
+        trainer's own state is in its step record; the marker names the step a fallback syncs it to."""
         if self._snapshots is None:
             return
         step = self._counts["train_steps"]
         self._snapshots.write_trainer_checkpoint(
-            step, anchor=self._state.anchor(self._counts), state=self.trainer.state()
+            step,
+            anchor=self._state.anchor(self._counts),
+            state={"policy_version": self._state.policy_version, "trainer_step": step},
         )
         try:
             async with self._snapshot_lock:

@@ -101,3 +101,15 @@ async def test_wait_ready_says_when_the_process_exited_and_shows_its_log(tmp_pat
     assert str(exited.value).startswith("tq/0 exited (2):") and "topology item 'wizard=2'" in str(
         exited.value
     )
+
+
+def test_a_workload_with_a_trainer_service_starts_a_trainer_process() -> None:
+    from parkway.actors.launch.processes import service_roles
+    from parkway.actors.run.config import from_dict
+
+    inline = service_roles(from_dict({"topology": {"agents": 1, "resources": 1}}))
+    assert inline == [("tq", 0), ("policy", 0), ("resources", 0), ("agent", 0)]
+    service = service_roles(
+        from_dict({"topology": {"agents": 2, "resources": 1}, "trainer": {"host": "service"}})
+    )
+    assert service == [("tq", 0), ("policy", 0), ("resources", 0), ("agent", 0), ("agent", 1), ("trainer", 0)]

@@ -33,7 +33,7 @@ def test_up_starts_every_actor_and_each_answers(tmp_path) -> None:
     table = [
         line.split()
         for line in result.stderr.splitlines()
-        if line.startswith(("agent", "controller", "policy", "resources", "tq"))
+        if line.startswith(("agent", "controller", "policy", "resources", "tq", "trainer"))
     ]
     assert sorted(f"{row[0]}/{row[1]}" for row in table) == [
         "agent/0",
@@ -43,9 +43,10 @@ def test_up_starts_every_actor_and_each_answers(tmp_path) -> None:
         "resources/0",
         "resources/1",
         "tq/0",
+        "trainer/0",
     ]
-    assert "7 actors of run 'default' on memory:// answer" in result.stderr
-    assert result.stderr.count('"event":"actor_stopped"') == 7
+    assert "8 actors of run 'default' on memory:// answer" in result.stderr
+    assert result.stderr.count('"event":"actor_stopped"') == 8
 
 
 def test_up_stops_cleanly_on_sigterm(tmp_path) -> None:

@@ -131,7 +131,8 @@ def test_the_timeline_holds_every_rollout_and_turn(crashed_run) -> None:
     assert timeline.lines.malformed == 0 and timeline.lines.other_runs == 0
     s = timeline.summary()
     assert s["rollouts"] == s["rollouts_sealed"] == 9 and s["crashes"] == 1 and s["restores"] == 1
-    assert s["process_restarts"] == 7  # the whole cluster came back: six participants and the controller
+    # The whole cluster came back: six participants, the trainer (inline) and the controller.
+    assert s["process_restarts"] == 8
 
 
 def test_png_and_html(crashed_run, tmp_path: Path) -> None:
