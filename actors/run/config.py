@@ -41,7 +41,7 @@ class RolloutConfig(_Section, frozen=True):
 
 class TasksConfig(_Section, frozen=True):
     path: str | None = None  # JSONL: {"env": ..., "prompt": ..., "max_turns"?: int} per line
-    builtin: Literal["mixed", "counter", "workplace", "bank"] = "mixed"
+    builtin: Literal["mixed", "counter", "workplace", "bank", "letters"] = "mixed"
     limit: int | None = None  # use the first N tasks
 
 
@@ -75,6 +75,9 @@ class TrainerConfig(_Section, frozen=True):
     options: dict[str, Any] = {}  # keywords its constructor takes
     batch_groups: int = 2
     checkpoint_every: int = 0  # train steps between trainer checkpoints (0: never)
+    # Admit groups in whole batches of batch_groups, the next only once the last is trained and its
+    # weights loaded: every generation's weights follow from its batch index (a deterministic run).
+    on_policy: bool = False
 
 
 class FaultsConfig(_Section, frozen=True):
