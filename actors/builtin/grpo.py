@@ -62,7 +62,7 @@ class GrpoTrainer(Trainer):
         torch.set_num_threads(1)  # the reduction order, and with it every bit, does not vary
         torch.use_deterministic_algorithms(True)
         torch.manual_seed(seed)
-        self.model_dir, self.work_dir = model, Path(work_dir)
+        self.model_dir, self.work_dir = model, Path(work_dir).absolute()
         self.lr, self.seed, self.eps, self.max_grad_norm = lr, seed, eps, max_grad_norm
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
         self.model.eval()  # no dropout; gradients flow all the same
@@ -84,12 +84,19 @@ class GrpoTrainer(Trainer):
         tokens = sum(len(turn.token_ids) for row, _ in scored for turn in row.turns if turn.prompt_token_ids)
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
+        # How far the sampler's logprobs are from these weights' (on-policy and bit-faithful: ~0).
+        gap_sum, gap_tokens = 0.0, 0
         for row, advantage in scored:
             for turn in row.turns:
                 if not turn.prompt_token_ids or not turn.token_ids:
                     continue  # a row without its prompt (an older writer) cannot be scored in context
-                logprob = self._sequence_logprob(turn.prompt_token_ids, turn.token_ids)
-                loss = -advantage * logprob / max(tokens, 1)
+                token_logprobs = self._token_logprobs(turn.prompt_token_ids, turn.token_ids)
+                if len(turn.logprobs) == len(turn.token_ids):
+                    gap_sum += sum(
+                        abs(a - b) for a, b in zip(token_logprobs.tolist(), turn.logprobs, strict=True)
+                    )
+                    gap_tokens += len(turn.logprobs)
+                loss = -advantage * token_logprobs.sum() / max(tokens, 1)
                 loss.backward()  # one sequence at a time: memory is one sequence's activations
                 loss_total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
@@ -114,12 +121,13 @@ class GrpoTrainer(Trainer):
             loss=round(loss_total, 6),
             mean_reward=round(step.mean_reward, 4),
             tokens=tokens,
+            sampler_gap=round(gap_sum / gap_tokens, 6) if gap_tokens else None,
             weights_dir=str(directory),
         )
         return step
 
-    def _sequence_logprob(self, prompt: tuple[int, ...], sampled: tuple[int, ...]) -> Any:
-        """The sum of the sampled tokens' log-probabilities under the current weights, given the prompt."""
+    def _token_logprobs(self, prompt: tuple[int, ...], sampled: tuple[int, ...]) -> Any:
+        """The sampled tokens' log-probabilities under the current weights, given the prompt."""
         import torch
 
         ids = torch.tensor([list(prompt) + list(sampled)], dtype=torch.long)
@@ -128,7 +136,7 @@ class GrpoTrainer(Trainer):
         # position onwards.
         predicting = logits[len(prompt) - 1 : -1]
         targets = ids[0, len(prompt) :]
-        return torch.log_softmax(predicting, dim=-1).gather(1, targets[:, None]).sum()
+        return torch.log_softmax(predicting, dim=-1).gather(1, targets[:, None])[:, 0]
 
     def _catch_up(self, batch: list[GroupResult]) -> None:
         """Rows generated on a policy version this trainer has not reached: it was made afresh after a
