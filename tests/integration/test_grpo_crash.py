@@ -80,7 +80,9 @@ def events(lines: list[str]) -> list[dict[str, Any]]:
 def finish(process: subprocess.Popen[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, err[-4000:]
-    return json.loads(out), events(err.splitlines())
+    # vLLM's processes print on stdout too: the summary is the last line that is a JSON object.
+    summary = [line for line in out.splitlines() if line.startswith("{")][-1]
+    return json.loads(summary), events(err.splitlines())
 
 
 def test_a_run_killed_mid_training_restores_to_the_same_weights(tmp_path: Path) -> None:
@@ -107,6 +109,8 @@ def test_a_run_killed_mid_training_restores_to_the_same_weights(tmp_path: Path) 
     resumed, resumed_events = finish(start_again(tmp_path, model))
     started = next(e for e in resumed_events if e.get("event") == "run_started")
     assert started["restored"] is True  # from its snapshot (or a trainer checkpoint's marker)
+    restored_by = {e["event"] for e in resumed_events} & {"restore_done", "restore_from_fallback_marker"}
+    assert restored_by, "the run started again without restoring"
     trained_after = [e["step"] for e in resumed_events if e.get("event") == "trained"]
     assert trained_after and trained_after[0] > 1 and trained_after[-1] == STEPS
     assert resumed["policy_version"] == STEPS and resumed["restores"] == 1
