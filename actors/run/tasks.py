@@ -36,7 +36,8 @@ BUILTIN: dict[str, tuple[Task, ...]] = {
 }
 # The learning example's prompts (docs/training.md): one model call each, scored by the letters in it.
 BUILTIN["letters"] = tuple(
-    Task(env="letters", prompt=f"Say the letter a as often as you can ({n}).", max_turns=1) for n in range(256)
+    Task(env="letters", prompt=f"Say the letter a as often as you can ({n}).", max_turns=1)
+    for n in range(256)
 )
 BUILTIN["mixed"] = tuple(
     t for trio in zip(*(BUILTIN[k] for k in ("counter", "workplace", "bank")), strict=True) for t in trio

@@ -19,8 +19,8 @@ from tests.support.processes import actor_env
 pytest.importorskip("vllm")
 pytest.importorskip("torch")
 
-from parkway.actors.builtin.grpo import STEP_DIR, weights_digest  # noqa: E402
-from parkway.actors.engines.tiny_model import build_tiny_model  # noqa: E402
+from parkway.actors.builtin.grpo import STEP_DIR, weights_digest
+from parkway.actors.engines.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow  # parkway run processes, each with vLLM's engine processes
 

@@ -12,8 +12,8 @@ from parkway.protocol.messages import CanonicalRow, StagingRow
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from parkway.actors.builtin.grpo import GrpoTrainer, group_advantages, weights_digest  # noqa: E402
-from parkway.actors.engines.tiny_model import build_tiny_model  # noqa: E402
+from parkway.actors.builtin.grpo import GrpoTrainer, group_advantages, weights_digest
+from parkway.actors.engines.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

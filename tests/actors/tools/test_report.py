@@ -263,7 +263,9 @@ def test_without_matplotlib_the_error_names_the_extra(
 
 def test_reward_and_loss_per_train_step(crashed_run, tmp_path: Path) -> None:
     lines = _lines(crashed_run.log)
-    trained = [json.loads(line) for line in lines if '"event": "trained"' in line or '"event":"trained"' in line]
+    trained = [
+        json.loads(line) for line in lines if '"event": "trained"' in line or '"event":"trained"' in line
+    ]
     assert trained, "the run trained"
     timeline = report.build_timeline(lines, RUN)
     assert [p.step for p in timeline.training] == sorted({r["step"] for r in trained})

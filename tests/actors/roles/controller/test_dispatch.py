@@ -23,9 +23,7 @@ class Recording(Trainer):
 
     def train(self, batch: list[GroupResult]) -> TrainStep:
         versions = frozenset(t.policy_version for g in batch for r in g.rows for t in r.turns)
-        self.prompts_missing += sum(
-            not t.prompt_token_ids for g in batch for r in g.rows for t in r.turns
-        )
+        self.prompts_missing += sum(not t.prompt_token_ids for g in batch for r in g.rows for t in r.turns)
         self.batches.append((tuple(g.group_id for g in batch), versions))
         self.step += 1
         weights = self.weights_root / f"step-{self.step}"
