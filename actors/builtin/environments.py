@@ -140,4 +140,6 @@ class Letters(Environment):
         return text.count(self.target) / len(text) if text else 0.0
 
 
-ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (Counter, Workplace, Bank, Letters)}
+# The tool environments, whose score checks the session against the agent's record (the property
+# tests walk these); ``Letters`` scores a reply instead and registers by its entry point alone.
+ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (Counter, Workplace, Bank)}
