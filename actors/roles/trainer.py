@@ -183,6 +183,7 @@ def _reply(step: int, done: TrainStep, batch: list[GroupResult]) -> Trained:
         mean_reward=done.mean_reward,
         tokens=done.tokens,
         weights_dir=done.weights_dir,
+        loss=done.loss,
         rollouts=tuple(
             TrainedRollout(rollout_id=row.rollout_id, reward=row.reward, digest=row_digest(row))
             for group in batch

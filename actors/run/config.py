@@ -41,7 +41,7 @@ class RolloutConfig(_Section, frozen=True):
 
 class TasksConfig(_Section, frozen=True):
     path: str | None = None  # JSONL: {"env": ..., "prompt": ..., "max_turns"?: int} per line
-    builtin: Literal["mixed", "counter", "workplace", "bank"] = "mixed"
+    builtin: Literal["mixed", "counter", "workplace", "bank", "letters"] = "mixed"
     limit: int | None = None  # use the first N tasks
 
 
@@ -79,6 +79,9 @@ class TrainerConfig(_Section, frozen=True):
     # controller of its own), "service": a ``parkway actor trainer`` process the controller waits for.
     host: Literal["inline", "service"] = "inline"
     resend_s: float = 5.0  # a Train unanswered this long is sent again (the same step, the same id)
+    # Admit groups in whole batches of batch_groups, the next only once the last is trained and its
+    # weights loaded: every generation's weights follow from its batch index (a deterministic run).
+    on_policy: bool = False
 
 
 class FaultsConfig(_Section, frozen=True):

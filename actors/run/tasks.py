@@ -9,7 +9,7 @@ from parkway.actors.run.config import ConfigError, TasksConfig
 
 
 class Task(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    env: str  # counter | workplace | bank
+    env: str  # counter | workplace | bank | letters (or a plugin's name)
     prompt: str
     max_turns: int | None = None  # overrides rollout.max_turns for this task
 
@@ -34,6 +34,11 @@ BUILTIN: dict[str, tuple[Task, ...]] = {
         Task(env="bank", prompt="Transfer small amounts around and report the totals."),
     ),
 }
+# The learning example's prompts (docs/training.md): one model call each, scored by the letters in it.
+BUILTIN["letters"] = tuple(
+    Task(env="letters", prompt=f"Say the letter a as often as you can ({n}).", max_turns=1)
+    for n in range(256)
+)
 BUILTIN["mixed"] = tuple(
     t for trio in zip(*(BUILTIN[k] for k in ("counter", "workplace", "bank")), strict=True) for t in trio
 )

@@ -32,6 +32,7 @@ class TrainStep:
     # Where the step saved the new policy's weights (a real trainer); the controller has the policy load
     # them before the next generation. None: nothing to load (the example trainer).
     weights_dir: str | None = None
+    loss: float | None = None  # the step's training loss (a real trainer); None: no gradient step
 
 
 class Trainer(ABC):

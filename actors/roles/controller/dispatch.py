@@ -4,6 +4,7 @@ too long (the time they were parked does not count)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,9 @@ class Dispatcher:
         self._config, self._tasks, self._holds = config, tasks, holds
         self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
         self._dispatched_at: dict[tuple[str, int], tuple[float, float]] = {}  # -> (monotonic, paused then)
+        # The run loop and (on-policy) the watchdog's tick both dispatch: one at a time, or a sibling
+        # reserved when both looked would go out twice.
+        self._dispatching = asyncio.Lock()
 
     def has_work(self) -> bool:
         """Groups in play, or tasks not admitted yet."""
@@ -59,6 +63,9 @@ class Dispatcher:
         if not self._gate.is_open:  # nothing changes in the ledger while a snapshot is cut
             return
         config, state = self._config, self._state
+        if config.trainer.on_policy:
+            self._admit_batch()
+            return
         size = config.rollout.group_size
         want = config.rollout.max_in_flight - state.ledger.in_flight()
         waiting = len(state.ledger.reserved())
@@ -69,7 +76,28 @@ class Dispatcher:
             state.next_task += 1
             waiting += size
 
+    def _admit_batch(self) -> None:
+        """On-policy: the next whole batch of ``trainer.batch_groups`` groups, once the ledger is empty.
+        The trainer removes a batch's groups only after the policy loaded the weights it trained, so
+        batch k runs on the weights of step k whatever the timing (and the dispatch order within it
+        stays the ledger's)."""
+        state = self._state
+        if state.ledger.groups:
+            return
+        config = self._config
+        granularity = Granularity(config.recovery.default_granularity)
+        end = min(state.next_task + config.trainer.batch_groups, len(self._tasks))
+        for index in range(state.next_task, end):
+            state.ledger.add_group(task_group_id(index), index, config.rollout.group_size, granularity)
+        if end > state.next_task:
+            log.info("batch_admitted", first_task=state.next_task, groups=end - state.next_task)
+        state.next_task = end
+
     async def dispatch_ready(self) -> None:
+        async with self._dispatching:
+            await self._dispatch_reserved()
+
+    async def _dispatch_reserved(self) -> None:
         config, ledger = self._config, self._state.ledger
         await self._retirement.fence_lost()
         in_flight = ledger.in_flight()
@@ -170,3 +198,9 @@ class Dispatcher:
             if replica is not None:
                 await self._retirement.retire(((rollout, attempt, replica),))
             await fail(Failed(rollout_id=rollout, attempt=attempt, code="stalled"))
+        if self._config.trainer.on_policy:
+            # The run loop sleeps until a receipt, and after the batch it trained nothing is out to
+            # send one: the watchdog's tick sends the next batch (at most a tick after the weights
+            # loaded; the weights each batch runs on do not depend on when).
+            self.admit_groups()
+            await self.dispatch_ready()

@@ -216,6 +216,7 @@ class TrainingHook:
             samples=step.samples,
             mean_reward=round(step.mean_reward, 4),
             policy_version=step.policy_version,
+            **({"loss": round(step.loss, 6)} if step.loss is not None else {}),
         )
         # TQ keeps rows until the trainer consumed them: after this, a snapshot no longer carries
         # them, so what a snapshot writes stays the rows of unfinished work, however long the run.

@@ -20,6 +20,7 @@ from parkway.actors.tools.report.model import (
     Restore,
     Rollout,
     Timeline,
+    TrainPoint,
     Turn,
 )
 from parkway.actors.tools.report.records import last_session, parse_lines
@@ -45,6 +46,7 @@ class TimelineBuilder:
         self.restores: dict[str, Restore] = {}
         self.incarnation_open = False  # a controller incarnation without run_finished or run_aborted
         self.incarnation_aborted = False
+        self.training: dict[int, TrainPoint] = {}
 
     # helpers
     def rollout(self, rollout_id: str, group_id: str | None = None) -> Rollout:
@@ -278,6 +280,23 @@ class TimelineBuilder:
         self.timeline.restores.append(restore)
         self.note(record, actor)
 
+    def on_trained(self, record: dict[str, Any], ts: float, actor: str) -> None:
+        self._train_point(record, ts)
+
+    def on_grpo_step(self, record: dict[str, Any], ts: float, actor: str) -> None:
+        self._train_point(record, ts)
+
+    def _train_point(self, record: dict[str, Any], ts: float) -> None:
+        step = record.get("step")
+        if not isinstance(step, int):
+            return
+        point = self.training.setdefault(step, TrainPoint(step, ts))
+        point.ts = ts
+        for name in ("mean_reward", "loss"):
+            value = record.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                setattr(point, name, float(value))
+
     def on_agent_replica_restarted(self, record: dict[str, Any], ts: float, actor: str) -> None:
         event = Event(ts, actor, str(record.get("level", "")), record["event"], _detail(record))
         self.timeline.replica_restarts.append(event)
@@ -301,6 +320,7 @@ class TimelineBuilder:
         for restore in timeline.restores:
             if restore.end is None:
                 restore.end, restore.outcome = timeline.end, "cut"
+        timeline.training = [self.training[step] for step in sorted(self.training)]
         return timeline
 
 

@@ -102,8 +102,13 @@ def draw(timeline: Timeline, *, max_rows: int = 150) -> Drawing:
     span = max(timeline.end - t0, 1e-3)
     min_width = span / 1500  # about a pixel: a 20 ms pause in an hour-long run still shows
     height = min(3.4 + 0.24 * max(len(rows), 1), 60.0)
-    figure = Figure(figsize=(14, height), dpi=100, layout="constrained")
-    ax = figure.add_subplot()
+    training = 3.2 if timeline.training else 0.0  # a panel of reward and loss per train step
+    figure = Figure(figsize=(14, height + training), dpi=100, layout="constrained")
+    if timeline.training:
+        ax, train_ax = figure.subplots(2, 1, height_ratios=[height, training])
+        _training(train_ax, timeline)
+    else:
+        ax = figure.add_subplot()
     canvas = _Canvas(ax, t0, min_width)
     y_of = {r.rollout_id: i for i, r in enumerate(rows)}
     _group_stripes(ax, rows, y_of)
@@ -231,6 +236,23 @@ def _attempt(canvas: _Canvas, rollout: Rollout, attempt: Attempt, y: int, drawn:
     if kind is not None and attempt.ended is not None:
         drawn.marks[kind][0].append(attempt.ended - t0)
         drawn.marks[kind][1].append(y)
+
+
+def _training(ax: Any, timeline: Timeline) -> None:
+    """Mean reward (left axis) and the trainer's loss (right axis) per train step."""
+    steps = [p.step for p in timeline.training]
+    rewards = [(p.step, p.mean_reward) for p in timeline.training if p.mean_reward is not None]
+    losses = [(p.step, p.loss) for p in timeline.training if p.loss is not None]
+    if rewards:
+        ax.plot(*zip(*rewards, strict=True), marker="o", ms=3, color="#1f77b4", label="mean reward")
+    ax.set_xlabel("train step")
+    ax.set_ylabel("mean reward", color="#1f77b4")
+    ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    ax.grid(color="#dddddd", lw=0.6)
+    if losses:
+        loss_ax = ax.twinx()
+        loss_ax.plot(*zip(*losses, strict=True), marker="s", ms=3, color="#d62728", label="loss")
+        loss_ax.set_ylabel("loss", color="#d62728")
 
 
 def _axes(figure: Any, ax: Any, timeline: Timeline, rows: list[Rollout], span: float) -> None:

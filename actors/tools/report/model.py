@@ -113,6 +113,18 @@ class Event:
 
 
 @dataclass
+class TrainPoint:
+    """One train step: the controller's ``trained`` line (mean reward) and a trainer's loss (the
+    ``trained`` line's ``loss`` or the GRPO trainer's ``grpo_step``). A step trained again after a
+    crash keeps its newest values."""
+
+    step: int
+    ts: float
+    mean_reward: float | None = None
+    loss: float | None = None
+
+
+@dataclass
 class LineCounts:
     read: int = 0
     used: int = 0
@@ -135,6 +147,7 @@ class Timeline:
     processes: list[ProcessStart] = field(default_factory=list)
     replica_restarts: list[Event] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    training: list[TrainPoint] = field(default_factory=list)  # by step
     incarnations: int = 0
     finished: bool = False
     lines: LineCounts = field(default_factory=LineCounts)
@@ -166,6 +179,7 @@ class Timeline:
             },
             "crashes": len(self.crashes),
             "restores": sum(1 for r in self.restores if r.outcome in ("done", "fallback")),
+            "train_steps": len(self.training),
             "incarnations": self.incarnations,
             "process_restarts": sum(1 for p in self.processes if p.restart),
             "agent_replica_restarts": len(self.replica_restarts),

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from parkway.actors.builtin.environments import ENVIRONMENTS, Bank, Counter, Workplace
+from parkway.actors.builtin.environments import ENVIRONMENTS, Bank, Counter, Letters, Workplace
 from parkway.actors.sdk.environments import Environment, ToolError
 
 
@@ -323,3 +323,15 @@ def test_any_input_is_an_output_or_a_tool_error(name: str, seed: int, data: st.D
         honest.append((tool, arguments, output))
     assert env.verify(honest) == 1.0
     assert Environment.restore(msgspec.json.decode(msgspec.json.encode(env.export()))) == env
+
+
+def test_letters_scores_the_fraction_of_the_target_letter_in_what_was_submitted() -> None:
+    env = Letters(0)
+    assert env.apply("submit", {"text": "banana"}) == {"length": 6}
+    record = [("submit", {"text": "banana"}, {"length": 6})]
+    assert env.verify(record) == 0.5  # three a's in six characters
+    assert env.verify([("submit", {"text": "aaaa"}, {"length": 4})]) == 0.0  # not what it holds
+    assert Letters(1).verify([]) == 0.0  # nothing submitted
+    with pytest.raises(ToolError, match="one word"):
+        env.apply("submit", {"text": "two words"})
+    assert Letters.restore(env.export()) == env

@@ -177,7 +177,14 @@ async def test_generate_replies_and_stages_a_row(make_cluster) -> None:
     assert correlation_id == "g_g0-a1:2"
     assert rows == Rows(
         rows=(
-            StagingRow(capture_key="g_g0-a1", turn=2, token_ids=tokens, logprobs=logprobs, policy_version=3),
+            StagingRow(
+                capture_key="g_g0-a1",
+                turn=2,
+                token_ids=tokens,
+                logprobs=logprobs,
+                policy_version=3,
+                prompt_token_ids=PROMPT,  # what the call was prompted with: the trainer's context
+            ),
         )
     )
     counts = cluster.policy.counts

@@ -219,7 +219,8 @@ def test_hundreds_of_rollouts_are_capped_and_say_so(crashed_run) -> None:
     timeline = report.build_timeline(_lines(crashed_run.log), RUN)
     drawing = report.draw(timeline, max_rows=4)
     assert drawing.hidden_rows == 5
-    [ax] = drawing.figure.axes
+    ax = drawing.figure.axes[0]  # the rollouts (the panel below them: reward and loss per step)
+    assert len(drawing.figure.axes) == 1 + bool(timeline.training)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert len(labels) == 4 and "t0002_g1" in labels  # the rollout with two attempts is drawn first
     assert "5 of 9 rollouts not drawn" in ax.get_title(loc="left")
@@ -259,3 +260,26 @@ def test_without_matplotlib_the_error_names_the_extra(
     assert code == 2
     assert "pip install 'parkway[report]'" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_reward_and_loss_per_train_step(crashed_run, tmp_path: Path) -> None:
+    lines = _lines(crashed_run.log)
+    trained = [
+        json.loads(line) for line in lines if '"event": "trained"' in line or '"event":"trained"' in line
+    ]
+    assert trained, "the run trained"
+    timeline = report.build_timeline(lines, RUN)
+    assert [p.step for p in timeline.training] == sorted({r["step"] for r in trained})
+    assert all(p.mean_reward is not None and p.loss is None for p in timeline.training)  # no loss logged
+    # A trainer's own line carries the loss; a step trained again after a crash keeps its newest values.
+    last = trained[-1]
+    losses = [
+        json.dumps({**last, "event": "grpo_step", "loss": 0.5, "ts": last["ts"]}),
+        json.dumps({**last, "event": "grpo_step", "loss": 0.25, "mean_reward": 0.75, "ts": last["ts"]}),
+    ]
+    with_loss = report.build_timeline(lines + losses, RUN)
+    point = with_loss.training[-1]
+    assert (point.step, point.loss, point.mean_reward) == (last["step"], 0.25, 0.75)
+    assert with_loss.summary()["train_steps"] == len(timeline.training)
+    png, _ = report.write_report(with_loss, tmp_path / "out")
+    assert png.read_bytes().startswith(PNG_MAGIC)  # the figure with its training panel
