@@ -85,6 +85,9 @@ class Outside(Tally):
     name = "outside"
     state_lives_in = "a database"  # and no export or restore of its own
 
+    def reset(self):  # what a fresh session needs of state outside the process
+        self.state = self.initial_state(self.seed)
+
 
 class Exploding(Tally):
     name = "exploding"
