@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -59,6 +60,7 @@ async def main(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     await engine.start()
     start_s = time.perf_counter() - started
+    load_before = os.getloadavg()[0]  # a figure counts with the load it was taken under
     step_s: list[float] = []
     load_s: list[float] = []
     for _ in range(args.rounds):
@@ -75,6 +77,8 @@ async def main(args: argparse.Namespace) -> dict:
             load_s.append(time.perf_counter() - began)
     await engine.stop()
     result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "engine_start_s": round(start_s, 2),
         "train_step_ms_median": round(statistics.median(step_s) * 1000, 1),
         "train_step_ms_max": round(max(step_s) * 1000, 1),
