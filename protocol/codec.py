@@ -2,7 +2,8 @@
 
 Decoding is done in two steps so each failure gets the right code: a lenient look at ``type`` and
 ``v`` first (unknown version -> ``unsupported_version``, unknown type -> ``invalid_message``), then a
-strict decode of the whole message against its Struct.
+strict decode of the whole message against its Struct, numeric ranges included (``ranges``). Whatever
+the bytes, ``decode`` returns a message or raises ``ProtocolError``; nothing else escapes it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def check_size(body: bytes, max_bytes: int = MAX_BODY_BYTES) -> None:
         raise ProtocolError(
             ErrorCode.INVALID_MESSAGE, f"body of {len(body)} bytes exceeds the limit of {max_bytes} bytes"
         )
+
+
+# msgspec recurses (in C, under the interpreter's recursion limit) into every nested array or map,
+# also one it only skips: a body nested about a thousand deep raises RecursionError, in either step
+# (found by fuzzing). No parkway message comes near that depth, so it is refused like any bad body.
+_TOO_DEEP = "nested too deeply to decode (RecursionError)"
 
 
 class _Header(msgspec.Struct):
@@ -75,6 +82,8 @@ def decode(body: bytes, content_type: str | None = None, *, max_bytes: int = MAX
         header = header_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"not a parkway message: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"not a parkway message: {_TOO_DEEP}") from None
     if header.v != SCHEMA_VERSION:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_VERSION,
@@ -87,6 +96,8 @@ def decode(body: bytes, content_type: str | None = None, *, max_bytes: int = MAX
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         # msgspec lets a bad UTF-8 string in MessagePack through as UnicodeDecodeError (found by fuzzing).
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid {header.type}: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid {header.type}: {_TOO_DEEP}") from None
 
 
 def to_builtins(message: Message) -> dict[str, object]:

@@ -20,6 +20,7 @@ from typing import Any, cast
 import msgspec
 import msgspec.inspect as mi
 from hypothesis import strategies as st
+from parkway.actors.runtime.client import Client
 from parkway.brokers.base import Envelope
 from parkway.protocol import codec
 from parkway.protocol import messages as m
@@ -271,6 +272,21 @@ def fuzzed(draw: st.DrawFn, focus: tuple[str, ...] = ()) -> Fuzzed:
         body = draw(st.binary(max_size=200))
         content_type = draw(st.sampled_from([codec.MSGPACK, codec.JSON, "", "text/xml"]))
     return Fuzzed(body, content_type, correlation_id, rng.choice(SIGNINGS), reply=rng.random() < 0.8)
+
+
+def deep_document(document: dict[str, Any], depth: int, content_type: str) -> bytes:
+    """``document`` (a small map) with one more field, ``x``: a list nested ``depth`` deep."""
+    if content_type == codec.JSON:
+        return msgspec.json.encode(document)[:-1] + b',"x":' + b"[" * depth + b"]" * depth + b"}"
+    body = msgspec.msgpack.encode(document)
+    assert body[0] & 0xF0 == 0x80 and len(document) < 15  # a fixmap: its count is in its first byte
+    return bytes([body[0] + 1]) + body[1:] + msgspec.msgpack.encode("x") + b"\x91" * depth + b"\x90"
+
+
+def signed_bytes(client: Client, body: bytes, *, correlation_id: str, content_type: str) -> Envelope:
+    """Any bytes, signed by ``client`` as it signs a message of its own (``Raw`` is encoded as is)."""
+    raw = cast(m.Message, msgspec.Raw(body))
+    return client.envelope(raw, correlation_id=correlation_id, content_type=content_type)
 
 
 def envelope_of(item: Fuzzed, run: str, secret: bytes) -> Envelope:
