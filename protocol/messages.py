@@ -320,15 +320,13 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     differs from the defaults goes on the wire (the keys the controller has always sent)."""
 
     agent: str = "tool"  # the agent program
-    resources: Annotated[int, msgspec.Meta(ge=0)] | None = (
-        None  # its tool server; None: the agent's own number
-    )
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 160  # per model call
-    fail_at_turn: Annotated[int, msgspec.Meta(ge=0)] | None = None  # an injected failure (faults.*)
+    resources: ranges.Count | None = None  # its tool server; None: the agent's own number
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=ranges.MAX_TOKENS)] = 160  # per model call
+    fail_at_turn: ranges.Turns | None = None  # an injected failure (faults.*)
     # A restored attempt: the turns its saved transcript holds (the agent restored that transcript).
-    continue_from: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    continue_from: ranges.Turns | None = None
     tokenizer: str | None = None  # a model directory whose chat template renders the prompts
-    hold_at_turn: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the demo: attempt 0 parks there for good
+    hold_at_turn: ranges.Turns | None = None  # the demo: attempt 0 parks there for good
 
 
 class Run(Message, frozen=True, kw_only=True):
@@ -491,11 +489,11 @@ class Trained(Message, frozen=True, kw_only=True):
     groups: ranges.Count
     samples: ranges.Count
     failed: ranges.Count
-    mean_reward: float
+    mean_reward: ranges.Finite
     tokens: ranges.Count
     weights_dir: str | None = None
     rollouts: tuple[TrainedRollout, ...] = ()
-    loss: float | None = None  # a trainer that takes a gradient step says its loss
+    loss: float | None = None  # a gradient step's loss; NaN (it diverged) is reported, not refused
 
 
 class TrainerSync(Message, frozen=True, kw_only=True):

@@ -249,14 +249,14 @@ async def resources(tmp_path: Path) -> AsyncIterator[tuple[Participant, Client, 
 @pytest.mark.parametrize(
     "body",
     [
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 1e10, "location": "../../outside"}',
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 1e10, "location": "/tmp"}',
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "..", "deadline": 1e10, "location": "tmp_.."}',
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 1e10, "location": "snapshot_1"}',
-        b'{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 1e10, "location": "tmp_ck-1"}',
-        '{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 1e10, "location": "snapshot_1\u2215.."}'.encode(),
-        b'{"type": "Prepare", "v": 1, "checkpoint_id": "ck/../../x", "deadline": 1e10}',
-        b'{"type": "Prepare", "v": 1, "checkpoint_id": "' + b"c" * 129 + b'", "deadline": 1e10}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 2e9, "location": "../../outside"}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 2e9, "location": "/tmp"}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "..", "deadline": 2e9, "location": "tmp_.."}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 2e9, "location": "snapshot_1"}',
+        b'{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 2e9, "location": "tmp_ck-1"}',
+        '{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 2e9, "location": "snapshot_1\u2215.."}'.encode(),
+        b'{"type": "Prepare", "v": 1, "checkpoint_id": "ck/../../x", "deadline": 2e9}',
+        b'{"type": "Prepare", "v": 1, "checkpoint_id": "' + b"c" * 129 + b'", "deadline": 2e9}',
     ],
 )
 async def test_hostile_ids_and_locations_are_refused_before_the_disk(
