@@ -23,6 +23,7 @@ import functools
 import json
 import subprocess
 import tempfile
+import time
 from collections import Counter
 
 import common
@@ -56,6 +57,7 @@ def handled_types(address: str) -> tuple[str, ...]:
 
 def fuzz(cluster: FuzzCluster, messages: int, fixed_seed: int) -> None:
     """Draw ``messages`` deliveries (a burst counts once here), each to a role drawn with it."""
+
     @seed(fixed_seed)
     @settings(
         max_examples=messages,
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed")
     args = parser.parse_args()
     began = common.machine()
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="parkway-fuzz-") as root:
         cluster = FuzzCluster(_Path(root), CONFIG)
         try:
@@ -104,6 +107,7 @@ def main() -> None:
             outcomes, others = cluster.runner.run(cluster.outcomes())
             alive = {a: p.alive() for a, p in cluster.processes.items()}
             pids = {a: cluster.runner.run(_pid(cluster, a)) for a in TARGETS}
+            fuzzed_s = time.monotonic() - start
             summary = workload(cluster)
         finally:
             cluster.close()
@@ -115,13 +119,14 @@ def main() -> None:
     print(
         f"\n{len(outcomes)} deliveries ({args.messages} draws), internal: {internal}, "
         f"every process survived: {survived}, the workload after sealed {sealed} "
-        f"({summary['snapshots_published']} snapshots)"
+        f"({summary['snapshots_published']} snapshots); {fuzzed_s:.0f} s to start, fuzz and settle"
     )
     rows: dict[str, Counter[str]] = {}
     for o in outcomes:
         rows.setdefault(o.sent.category, Counter())[o.fate] += 1
     results = {
         "deliveries": len(outcomes),
+        "fuzz_s": round(fuzzed_s, 1),
         "by_category": {k: dict(v) for k, v in rows.items()},
         "other_dead_letters": Counter(x.code for x in others),
         "internal": internal,

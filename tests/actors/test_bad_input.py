@@ -22,7 +22,14 @@ from parkway.actors.roles.tq import TransferQueue
 from parkway.actors.run.config import from_dict
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.participant import Participant
-from parkway.actors.runtime.settings import MAX_BODY_ENV, SettingsError, max_body_bytes
+from parkway.actors.runtime.settings import (
+    DEFAULT_MAX_DEADLINE_S,
+    MAX_BODY_ENV,
+    MAX_DEADLINE_ENV,
+    SettingsError,
+    max_body_bytes,
+    max_deadline_s,
+)
 from parkway.brokers.base import Broker, DeadLetter, Envelope
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec
@@ -180,6 +187,13 @@ def test_a_limit_that_is_not_a_number_of_bytes_is_refused(value: str) -> None:
     with pytest.raises(SettingsError, match=f"{MAX_BODY_ENV}={value!r}"):
         max_body_bytes({MAX_BODY_ENV: value})
     assert max_body_bytes({}) == codec.MAX_BODY_BYTES and max_body_bytes({MAX_BODY_ENV: "65536"}) == 65536
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan"])
+def test_a_deadline_horizon_that_is_not_a_number_of_seconds_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError, match=f"{MAX_DEADLINE_ENV}={value!r}"):
+        max_deadline_s({MAX_DEADLINE_ENV: value})
+    assert max_deadline_s({}) == DEFAULT_MAX_DEADLINE_S and max_deadline_s({MAX_DEADLINE_ENV: "30"}) == 30.0
 
 
 # -- every role: wrong secret, another run, no signature ----------------------------------------------

@@ -171,3 +171,17 @@ def test_decoding_any_bytes_is_a_message_or_a_typed_refusal(body: bytes, content
         assert err.code in (ErrorCode.INVALID_MESSAGE, ErrorCode.UNSUPPORTED_VERSION)
     else:
         assert isinstance(message, Message)
+
+
+def test_a_refusal_quotes_a_huge_bad_value_only_in_part() -> None:
+    """Found by fuzzing: a megabyte checkpoint id was echoed whole into the Error reply and the log."""
+    body = msgspec.msgpack.encode(
+        {"type": "Prepare", "v": 1, "checkpoint_id": "\u00e9" * 500_000, "deadline": 1.0}
+    )
+    with pytest.raises(ProtocolError) as caught:
+        codec.decode(body, codec.MSGPACK)
+    assert caught.value.code is ErrorCode.INVALID_MESSAGE
+    assert len(caught.value.detail) < codec.MAX_DETAIL_CHARS + 100 and "characters)" in caught.value.detail
+    with pytest.raises(ProtocolError) as caught:
+        codec.decode(msgspec.msgpack.encode({"type": "T" * 100_000, "v": 1}), codec.MSGPACK)
+    assert len(caught.value.detail) < codec.MAX_DETAIL_CHARS + 100
