@@ -2,7 +2,8 @@
 
 Decoding is done in two steps so each failure gets the right code: a lenient look at ``type`` and
 ``v`` first (unknown version -> ``unsupported_version``, unknown type -> ``invalid_message``), then a
-strict decode of the whole message against its Struct.
+strict decode of the whole message against its Struct, numeric ranges included (``ranges``). Whatever
+the bytes, ``decode`` returns a message or raises ``ProtocolError``; nothing else escapes it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,27 @@ def check_size(body: bytes, max_bytes: int = MAX_BODY_BYTES) -> None:
         raise ProtocolError(
             ErrorCode.INVALID_MESSAGE, f"body of {len(body)} bytes exceeds the limit of {max_bytes} bytes"
         )
+
+
+# msgspec recurses (in C, under the interpreter's recursion limit) into every nested array or map,
+# also one it only skips: a body nested about a thousand deep raises RecursionError, in either step
+# (found by fuzzing). No parkway message comes near that depth, so it is refused like any bad body.
+_TOO_DEEP = "nested too deeply to decode (RecursionError)"
+
+
+# A refusal's detail quotes the bad value (a field check's message does): a megabyte string would be
+# echoed into the Error reply, the log line and the dead letter (found by fuzzing). Cut it here.
+MAX_DETAIL_CHARS: Final = 500
+
+
+def _brief(exc: Exception) -> str:
+    return _brief_text(str(exc))
+
+
+def _brief_text(text: str) -> str:
+    if len(text) <= MAX_DETAIL_CHARS:
+        return text
+    return f"{text[:MAX_DETAIL_CHARS]}... ({len(text)} characters)"
 
 
 class _Header(msgspec.Struct):
@@ -74,19 +96,25 @@ def decode(body: bytes, content_type: str | None = None, *, max_bytes: int = MAX
     try:
         header = header_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"not a parkway message: {exc}") from None
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"not a parkway message: {_brief(exc)}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"not a parkway message: {_TOO_DEEP}") from None
     if header.v != SCHEMA_VERSION:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_VERSION,
             f"schema version {header.v} is not supported (this actor speaks {SCHEMA_VERSION})",
         )
     if header.type not in MESSAGE_TYPES:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"unknown message type {header.type!r}")
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE, f"unknown message type {_brief_text(repr(header.type))}"
+        )
     try:
         return full_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         # msgspec lets a bad UTF-8 string in MessagePack through as UnicodeDecodeError (found by fuzzing).
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid {header.type}: {exc}") from None
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid {header.type}: {_brief(exc)}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid {header.type}: {_TOO_DEEP}") from None
 
 
 def to_builtins(message: Message) -> dict[str, object]:

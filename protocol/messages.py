@@ -15,14 +15,13 @@ import typing
 from typing import Annotated
 
 import msgspec
-from parkway.protocol import SCHEMA_VERSION
+from parkway.protocol import SCHEMA_VERSION, ranges
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import is_valid_checkpoint_id
 from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
-# Token ids are vocabulary indices: never negative, and below any vocabulary a model has.
-MAX_TOKEN_ID = 2**31 - 1
+MAX_TOKEN_ID = ranges.MAX_TOKEN_ID  # numeric fields are typed with their ranges, checked at decode
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
@@ -39,7 +38,7 @@ class AttemptRef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """One attempt of one logical rollout."""
 
     rollout_id: str
-    attempt: int
+    attempt: ranges.Count
 
     def __post_init__(self) -> None:
         if not self.rollout_id:
@@ -52,8 +51,8 @@ class EpisodeRef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """An attempt together with the replica that runs it: the exact scope of a commit or restore."""
 
     rollout_id: str
-    attempt: int
-    replica: int
+    attempt: ranges.Count
+    replica: ranges.Count
 
     def __post_init__(self) -> None:
         if not self.rollout_id:
@@ -67,8 +66,8 @@ class FileDigest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     path: str
     sha256: str
-    records: int
-    size: int
+    records: ranges.Count
+    size: ranges.Count
 
 
 def _check_location(location: str) -> None:
@@ -98,7 +97,7 @@ def _check_tokens(what: str, token_ids: tuple[int, ...]) -> None:
 
 class ControlCommand(Message, frozen=True, kw_only=True):
     checkpoint_id: str
-    deadline: float
+    deadline: ranges.Deadline
 
     def __post_init__(self) -> None:
         if not is_valid_checkpoint_id(self.checkpoint_id):
@@ -164,7 +163,7 @@ class Restore(SnapshotCommand, frozen=True, kw_only=True):
     from the cluster that died) is refused from now on.
     """
 
-    epoch: int = 0
+    epoch: ranges.Count = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -191,7 +190,7 @@ class Probe(ControlCommand, frozen=True, kw_only=True):
     a liveness check and the round-trip benchmark's unit of work.
     """
 
-    work_s: float = 0.0
+    work_s: ranges.Seconds = 0.0
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -212,7 +211,7 @@ class LoadWeights(ControlCommand, frozen=True, kw_only=True):
     ``policy_version``. Generations already running finish on the old weights; new ones wait."""
 
     directory: str
-    policy_version: int
+    policy_version: ranges.Count
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -254,7 +253,7 @@ class Ok(Message, frozen=True, kw_only=True):
 
 class Capabilities(Message, frozen=True, kw_only=True):
     role: str
-    replica: int
+    replica: ranges.Count
     mode: str = "exported"  # exported | stateless | restart_only
     restart_only: bool = False
     features: tuple[str, ...] = ()
@@ -262,24 +261,24 @@ class Capabilities(Message, frozen=True, kw_only=True):
 
 class StatusReport(Message, frozen=True, kw_only=True):
     role: str
-    replica: int
+    replica: ranges.Count
     run: str
-    pid: int
+    pid: ranges.Count
     phase: str
     checkpoint_id: str | None = None
-    lease_expires_at: float | None = None
-    in_flight: int = 0
-    started_at: float = 0.0
-    handled: int = 0
+    lease_expires_at: ranges.Seconds | None = None
+    in_flight: ranges.Count = 0
+    started_at: ranges.Seconds = 0.0
+    handled: ranges.Count = 0
     counts: dict[str, int] = {}
 
 
 class Prepared(Message, frozen=True, kw_only=True):
     checkpoint_id: str
-    parked: int = 0
-    boundaries_passed: int = 0
+    parked: ranges.Count = 0
+    boundaries_passed: ranges.Count = 0
     restarts: tuple[AttemptRef, ...] = ()
-    waited_s: float = 0.0  # how long the participant waited for its rollouts to park (tool calls in flight)
+    waited_s: ranges.Seconds = 0.0  # how long the participant waited for its rollouts to park (tool calls)
 
 
 class Committed(Message, frozen=True, kw_only=True):
@@ -300,15 +299,15 @@ class SnapshotTaken(Message, frozen=True, kw_only=True):
 
 
 class WeightsLoaded(Message, frozen=True, kw_only=True):
-    policy_version: int
+    policy_version: ranges.Count
     directory: str
-    replicas: int
-    seconds: float
+    replicas: ranges.Count
+    seconds: ranges.Seconds
 
 
 class ProbeResult(Message, frozen=True, kw_only=True):
-    pid: int
-    executions: int
+    pid: ranges.Count
+    executions: ranges.Count
     note: str = ""
 
 
@@ -321,30 +320,28 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     differs from the defaults goes on the wire (the keys the controller has always sent)."""
 
     agent: str = "tool"  # the agent program
-    resources: Annotated[int, msgspec.Meta(ge=0)] | None = (
-        None  # its tool server; None: the agent's own number
-    )
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 160  # per model call
-    fail_at_turn: Annotated[int, msgspec.Meta(ge=0)] | None = None  # an injected failure (faults.*)
+    resources: ranges.Count | None = None  # its tool server; None: the agent's own number
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=ranges.MAX_TOKENS)] = 160  # per model call
+    fail_at_turn: ranges.Turns | None = None  # an injected failure (faults.*)
     # A restored attempt: the turns its saved transcript holds (the agent restored that transcript).
-    continue_from: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    continue_from: ranges.Turns | None = None
     tokenizer: str | None = None  # a model directory whose chat template renders the prompts
-    hold_at_turn: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the demo: attempt 0 parks there for good
+    hold_at_turn: ranges.Turns | None = None  # the demo: attempt 0 parks there for good
 
 
 class Run(Message, frozen=True, kw_only=True):
     """Controller -> agent: run (or continue) one attempt of a rollout."""
 
     rollout_id: str
-    attempt: int
+    attempt: ranges.Count
     group_id: str
     env: str
     prompt: str
-    max_turns: int = 8
-    seed: int = 0
-    policy_version: int = 0
+    max_turns: ranges.Turns = 8
+    seed: ranges.Int64 = 0
+    policy_version: ranges.Count = 0
     task: TaskOptions = TaskOptions()
-    epoch: int = 0  # the dispatching controller's incarnation (+1 per restore)
+    epoch: ranges.Count = 0  # the dispatching controller's incarnation (+1 per restore)
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)
@@ -354,13 +351,13 @@ class Generate(Message, frozen=True, kw_only=True):
     """Agent -> policy: one model call."""
 
     rollout_id: str
-    attempt: int
-    call_index: int
-    token_ids: tuple[int, ...]
-    seed: int = 0
-    max_tokens: int = 64
-    stop_token_ids: tuple[int, ...] = ()
-    policy_version: int = 0  # the version the rollout was dispatched with
+    attempt: ranges.Count
+    call_index: ranges.Count
+    token_ids: tuple[ranges.TokenId, ...]
+    seed: ranges.Int64 = 0
+    max_tokens: ranges.TokenBudget = 64
+    stop_token_ids: tuple[ranges.TokenId, ...] = ()
+    policy_version: ranges.Count = 0  # the version the rollout was dispatched with
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -372,12 +369,12 @@ class Generate(Message, frozen=True, kw_only=True):
 
 class Generated(Message, frozen=True, kw_only=True):
     rollout_id: str
-    attempt: int
-    call_index: int
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...] = ()
+    attempt: ranges.Count
+    call_index: ranges.Count
+    token_ids: tuple[ranges.TokenId, ...]
+    logprobs: tuple[ranges.LogProb, ...] = ()
     finish_reason: str = "stop"
-    policy_version: int = 0
+    policy_version: ranges.Count = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -392,12 +389,12 @@ class ToolCall(Message, frozen=True, kw_only=True):
     """
 
     rollout_id: str
-    attempt: int
-    call_index: int
+    attempt: ranges.Count
+    call_index: ranges.Count
     env: str
     tool: str
     arguments: dict[str, object] = {}
-    seed: int = 0
+    seed: ranges.Int64 = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -405,11 +402,11 @@ class ToolCall(Message, frozen=True, kw_only=True):
 
 class ToolResult(Message, frozen=True, kw_only=True):
     rollout_id: str
-    attempt: int
-    call_index: int
+    attempt: ranges.Count
+    call_index: ranges.Count
     ok: bool
     output: dict[str, object] = {}
-    revision: int = 0
+    revision: ranges.Count = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -417,13 +414,13 @@ class ToolResult(Message, frozen=True, kw_only=True):
 
 class StagingRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     capture_key: str
-    turn: int
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...] = ()
-    policy_version: int = 0
+    turn: ranges.Count
+    token_ids: tuple[ranges.TokenId, ...]
+    logprobs: tuple[ranges.LogProb, ...] = ()
+    policy_version: ranges.Count = 0
     # The tokens the call was prompted with: a trainer scores the sampled tokens in their context.
     # Empty in rows written before it existed (they still decode) and where a writer leaves it out.
-    prompt_token_ids: tuple[int, ...] = ()
+    prompt_token_ids: tuple[ranges.TokenId, ...] = ()
 
 
 class Rows(Message, frozen=True, kw_only=True):
@@ -436,9 +433,9 @@ class SealRows(Message, frozen=True, kw_only=True):
     """Controller -> TQ: the attempt is sealed; make its staging rows the rollout's canonical row."""
 
     rollout_id: str
-    attempt: int
+    attempt: ranges.Count
     capture_key: str
-    reward: float
+    reward: ranges.Finite
     # "<capture key>:<turn>" per turn; a continued attempt's first turns come from the attempt before.
     staging_keys: tuple[str, ...] = ()
 
@@ -450,9 +447,9 @@ class CanonicalRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """A finished rollout as the trainer reads it: one staging row per model call, in turn order."""
 
     rollout_id: str
-    attempt: int
+    attempt: ranges.Count
     capture_key: str
-    reward: float
+    reward: ranges.Finite
     turns: tuple[StagingRow, ...]
 
 
@@ -480,23 +477,23 @@ class Train(Message, frozen=True, kw_only=True):
     trainer's step record."""
 
     session: str  # one per controller process: the trainer refuses one it is not synced with
-    step: int
+    step: ranges.Count
     groups: tuple[TrainGroup, ...]
 
 
 class Trained(Message, frozen=True, kw_only=True):
     """Trainer -> controller: what step ``step`` did (``sdk.trainer.TrainStep``) and what it read."""
 
-    step: int
-    policy_version: int
-    groups: int
-    samples: int
-    failed: int
-    mean_reward: float
-    tokens: int
+    step: ranges.Count
+    policy_version: ranges.Count
+    groups: ranges.Count
+    samples: ranges.Count
+    failed: ranges.Count
+    mean_reward: ranges.Finite
+    tokens: ranges.Count
     weights_dir: str | None = None
     rollouts: tuple[TrainedRollout, ...] = ()
-    loss: float | None = None  # a trainer that takes a gradient step says its loss
+    loss: float | None = None  # a gradient step's loss; NaN (it diverged) is reported, not refused
 
 
 class TrainerSync(Message, frozen=True, kw_only=True):
@@ -504,25 +501,25 @@ class TrainerSync(Message, frozen=True, kw_only=True):
     fresh start), dropping the records after it; ``Train`` of another session is refused from now on."""
 
     session: str
-    step: int
+    step: ranges.Count
 
 
 class TrainerAt(Message, frozen=True, kw_only=True):
     """Trainer -> controller: where ``TrainerSync`` left it."""
 
-    step: int
-    policy_version: int
-    dropped: int = 0  # steps after ``step`` the trainer had done and forgot (a restore trains them again)
+    step: ranges.Count
+    policy_version: ranges.Count
+    dropped: ranges.Count = 0  # steps after ``step`` the trainer had done and forgot (trained again later)
 
 
 class Completed(Message, frozen=True, kw_only=True):
     """Agent -> controller: a receipt for a finished attempt. The agent keeps it until acknowledged."""
 
     rollout_id: str
-    attempt: int
+    attempt: ranges.Count
     capture_key: str
-    reward: float
-    turns: int
+    reward: ranges.Finite
+    turns: ranges.Turns
     staging_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -539,10 +536,10 @@ class Failed(Message, frozen=True, kw_only=True):
     """Agent -> controller: an attempt ended without a result. A typed failure, never a fake sample."""
 
     rollout_id: str
-    attempt: int
+    attempt: ranges.Count
     code: str
     detail: str = ""
-    turns: int = 0
+    turns: ranges.Turns = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)

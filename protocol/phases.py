@@ -68,6 +68,7 @@ ENDS = frozenset({Event.RESUME, Event.ABORT, Event.LEASE_LAPSED})
 INTERNAL = frozenset({Event.PARKED, Event.LEASE_LAPSED})
 
 DEFAULT_LEASE_GRACE_S = 5.0
+DEFAULT_MAX_LEASE_S = 3600.0  # the actors' default deadline horizon (PARKWAY_MAX_DEADLINE_S)
 DEFAULT_FENCE_MEMORY = 256
 
 
@@ -91,6 +92,7 @@ class ParticipantPhases:
     """One participant's phase, active id, lease and fence. Pure; the caller does the I/O."""
 
     lease_grace_s: float = DEFAULT_LEASE_GRACE_S
+    max_lease_s: float = DEFAULT_MAX_LEASE_S
     fence_memory: int = DEFAULT_FENCE_MEMORY
     phase: Phase = Phase.IDLE
     checkpoint_id: str | None = None
@@ -148,7 +150,10 @@ class ParticipantPhases:
         if event in STARTS:
             self.checkpoint_id = checkpoint_id
         if event in STARTS or event is Event.RENEW:
-            self.lease_expires_at = None if deadline is None else deadline + self.lease_grace_s
+            # However far out the deadline (a sender's mistake or a hostile one), the lease is never
+            # longer than ``max_lease_s``: one command can never hold a participant for good.
+            held_until = None if deadline is None else min(deadline, now + self.max_lease_s)
+            self.lease_expires_at = None if held_until is None else held_until + self.lease_grace_s
         if event in ENDS:
             self._fence(checkpoint_id, event)
             self.checkpoint_id = None

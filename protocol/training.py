@@ -7,20 +7,21 @@ import hashlib
 from typing import Any
 
 import msgspec
+from parkway.protocol import ranges
 
 
 class TrainGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One settled group of a ``Train``: its sealed siblings (canonical rows in TQ) and given-up ones."""
 
     group_id: str
-    task_index: int
+    task_index: ranges.Count
     sealed: tuple[str, ...]
     failed: tuple[str, ...] = ()
 
 
 class TrainedRollout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     rollout_id: str
-    reward: float
+    reward: ranges.Finite
     digest: str  # ``transcript_digest`` of its row, hex: the run's transcript digest adds them
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 import yaml
+from parkway.protocol import ranges
 
 ENV_PREFIX = "PARKWAY_CFG__"
 
@@ -197,6 +198,12 @@ def check(config: RunConfig) -> None:
     ):
         if value < 1:
             problems.append(f"{key}: must be >= 1, got {value}")
+    # What a Run or a model call may carry (``protocol.ranges``): beyond it, every message is refused.
+    if r.max_turns > ranges.MAX_TURNS or r.max_tokens > ranges.MAX_TOKENS:
+        problems.append(
+            f"rollout.max_turns and rollout.max_tokens: at most {ranges.MAX_TURNS} and {ranges.MAX_TOKENS}, "
+            f"got {r.max_turns} and {r.max_tokens}"
+        )
     if not 0.0 <= config.faults.failure_rate <= 1.0:
         problems.append(f"faults.failure_rate: must be within [0, 1], got {config.faults.failure_rate}")
     if config.trainer.checkpoint_every < 0:

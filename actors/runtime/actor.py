@@ -4,7 +4,8 @@ What happens to every delivery, in order:
 
 1. the body's size is checked (``invalid_message`` over ``PARKWAY_MAX_BODY_BYTES``, 16 MiB by
    default), the signature (``unauthorized``), the bytes decoded (``invalid_message``,
-   ``unsupported_version``), a control command's correlation id checked against its checkpoint id;
+   ``unsupported_version``), a control command's correlation id checked against its checkpoint id
+   and its deadline against the horizon (``PARKWAY_MAX_DEADLINE_S``);
    a refused message gets an ``Error`` reply where it has a reply address, goes to the dead-letter
    queue with the reason, and is logged. The actor carries on.
 2. a reply cached for (correlation id, command, sender) is sent again without running the handler;
@@ -34,6 +35,7 @@ from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
 from parkway.actors.runtime.metrics import ERROR, HANDLED, REFUSED, REPLAYED, UNKNOWN_TYPE, ActorMetrics
 from parkway.actors.runtime.replies import ReplyCache
+from parkway.actors.runtime.settings import MAX_DEADLINE_ENV, max_deadline_s
 from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
 from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -83,6 +85,7 @@ class Actor:
         self.replica = replica
         self.address = actor_address(self.role, replica)
         self.client = Client(broker, secret=secret, sender=self.address)
+        self.max_deadline_s = max_deadline_s()  # how far ahead a control command's deadline may be
         self.state_dir = state_dir
         self.faults = faults or FaultPoints()
         self.history = History.from_env(broker.run, self.address)  # a no-op unless PARKWAY_HISTORY=1
@@ -250,6 +253,14 @@ class Actor:
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE,
                 f"correlation id {envelope.correlation_id!r} differs from checkpoint id {message.checkpoint_id!r}",
+            )
+        # Decoding bounds a deadline to a finite Unix time; how far ahead of now it may be needs the
+        # clock, so it is checked here: a deadline an hour out would hold a lease (and admission) that long.
+        if isinstance(message, ControlCommand) and message.deadline > time.time() + self.max_deadline_s:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"deadline {message.deadline} is {message.deadline - time.time():.0f}s ahead, beyond the "
+                f"{self.max_deadline_s:g}s this actor accepts ({MAX_DEADLINE_ENV})",
             )
         return message
 

@@ -87,7 +87,7 @@ class Participant(Actor):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.phases = ParticipantPhases(lease_grace_s=lease_grace_s)
+        self.phases = ParticipantPhases(lease_grace_s=lease_grace_s, max_lease_s=self.max_deadline_s)
         self.snapshot_root = snapshot_root
         self.retired: set[tuple[str, int]] = set()
         self._ended: dict[str, asyncio.Event] = {}

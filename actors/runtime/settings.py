@@ -6,6 +6,9 @@ Credentials never come from code: the broker URL (with its password) and the run
 0 or unset serves none. ``PARKWAY_MAX_BODY_BYTES`` sets the largest message body accepted and sent
 (16 MiB by default). ``PARKWAY_CLUSTER_WAIT_S`` is how long a controller waits for every participant
 to answer before its run starts (120 s by default; compose starts the services in any order).
+``PARKWAY_MAX_DEADLINE_S`` is how far ahead of now a control command's deadline may be (3600 s by
+default, above the controller's longest, the 600 s of a weights load): one further out is refused
+``invalid_message``, so no command can hold a participant's lease for longer.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from pathlib import Path
 
 from parkway.protocol import codec
 from parkway.protocol.ids import validate_name
+from parkway.protocol.phases import DEFAULT_MAX_LEASE_S
 
 DEFAULT_RUN = "default"
 MEMORY_URL = "memory://"
 MAX_BODY_ENV = "PARKWAY_MAX_BODY_BYTES"
 CLUSTER_WAIT_ENV = "PARKWAY_CLUSTER_WAIT_S"
 DEFAULT_CLUSTER_WAIT_S = 120.0
+MAX_DEADLINE_ENV = "PARKWAY_MAX_DEADLINE_S"
+DEFAULT_MAX_DEADLINE_S = DEFAULT_MAX_LEASE_S  # a deadline that far ahead still lapses (protocol.phases)
 
 
 class SettingsError(Exception):
@@ -43,16 +49,25 @@ def max_body_bytes(environ: Mapping[str, str] | None = None) -> int:
 
 def cluster_wait_s(environ: Mapping[str, str] | None = None) -> float:
     """How long a controller waits for its participants to answer: ``PARKWAY_CLUSTER_WAIT_S``, else 120 s."""
-    text = (os.environ if environ is None else environ).get(CLUSTER_WAIT_ENV, "").strip()
+    return _positive_seconds(environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
+
+
+def _positive_seconds(environ: Mapping[str, str] | None, name: str, default: float) -> float:
+    text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:
-        return DEFAULT_CLUSTER_WAIT_S
+        return default
     try:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
     if not 0 < seconds < float("inf"):
-        raise SettingsError(f"{CLUSTER_WAIT_ENV}={text!r}: want a number of seconds above 0")
+        raise SettingsError(f"{name}={text!r}: want a number of seconds above 0")
     return seconds
+
+
+def max_deadline_s(environ: Mapping[str, str] | None = None) -> float:
+    """How far ahead of now a control command's deadline may be: ``PARKWAY_MAX_DEADLINE_S``, else 3600 s."""
+    return _positive_seconds(environ, MAX_DEADLINE_ENV, DEFAULT_MAX_DEADLINE_S)
 
 
 @dataclass(frozen=True, slots=True)

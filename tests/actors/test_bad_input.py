@@ -22,7 +22,14 @@ from parkway.actors.roles.tq import TransferQueue
 from parkway.actors.run.config import from_dict
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.participant import Participant
-from parkway.actors.runtime.settings import MAX_BODY_ENV, SettingsError, max_body_bytes
+from parkway.actors.runtime.settings import (
+    DEFAULT_MAX_DEADLINE_S,
+    MAX_BODY_ENV,
+    MAX_DEADLINE_ENV,
+    SettingsError,
+    max_body_bytes,
+    max_deadline_s,
+)
 from parkway.brokers.base import Broker, DeadLetter, Envelope
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec
@@ -182,6 +189,13 @@ def test_a_limit_that_is_not_a_number_of_bytes_is_refused(value: str) -> None:
     assert max_body_bytes({}) == codec.MAX_BODY_BYTES and max_body_bytes({MAX_BODY_ENV: "65536"}) == 65536
 
 
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan"])
+def test_a_deadline_horizon_that_is_not_a_number_of_seconds_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError, match=f"{MAX_DEADLINE_ENV}={value!r}"):
+        max_deadline_s({MAX_DEADLINE_ENV: value})
+    assert max_deadline_s({}) == DEFAULT_MAX_DEADLINE_S and max_deadline_s({MAX_DEADLINE_ENV: "30"}) == 30.0
+
+
 # -- every role: wrong secret, another run, no signature ----------------------------------------------
 
 CONFIG = from_dict({"run": RUN, "policy": {"host": "inline"}, "topology": {"agents": 1, "resources": 1}})
@@ -249,14 +263,14 @@ async def resources(tmp_path: Path) -> AsyncIterator[tuple[Participant, Client, 
 @pytest.mark.parametrize(
     "body",
     [
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 1e10, "location": "../../outside"}',
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 1e10, "location": "/tmp"}',
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "..", "deadline": 1e10, "location": "tmp_.."}',
-        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 1e10, "location": "snapshot_1"}',
-        b'{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 1e10, "location": "tmp_ck-1"}',
-        '{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 1e10, "location": "snapshot_1\u2215.."}'.encode(),
-        b'{"type": "Prepare", "v": 1, "checkpoint_id": "ck/../../x", "deadline": 1e10}',
-        b'{"type": "Prepare", "v": 1, "checkpoint_id": "' + b"c" * 129 + b'", "deadline": 1e10}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 2e9, "location": "../../outside"}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 2e9, "location": "/tmp"}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "..", "deadline": 2e9, "location": "tmp_.."}',
+        b'{"type": "Commit", "v": 1, "checkpoint_id": "ck-1", "deadline": 2e9, "location": "snapshot_1"}',
+        b'{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 2e9, "location": "tmp_ck-1"}',
+        '{"type": "Restore", "v": 1, "checkpoint_id": "rs-1", "deadline": 2e9, "location": "snapshot_1\u2215.."}'.encode(),
+        b'{"type": "Prepare", "v": 1, "checkpoint_id": "ck/../../x", "deadline": 2e9}',
+        b'{"type": "Prepare", "v": 1, "checkpoint_id": "' + b"c" * 129 + b'", "deadline": 2e9}',
     ],
 )
 async def test_hostile_ids_and_locations_are_refused_before_the_disk(

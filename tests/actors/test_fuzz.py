@@ -55,7 +55,7 @@ from parkway.protocol.messages import (
     ToolResult,
 )
 
-from tests.support.fuzz import REFUSALS, Fuzzed, envelope_of, fuzzed
+from tests.support.fuzz import REFUSALS, Fuzzed, Signers, envelope_of, fuzzed
 from tests.support.signed import SECRET
 from tests.support.waiting import until
 
@@ -105,6 +105,7 @@ class Cluster:
                 await actor.start()
                 self.actors[actor.address] = actor
         self.client = Client(self.broker, secret=SECRET, sender="operator/0")
+        self.signers = Signers.of(self.broker, SECRET)
 
     @property
     def actor(self) -> Any:
@@ -112,7 +113,9 @@ class Cluster:
 
     def send(self, item: Fuzzed) -> None:
         async def go() -> None:
-            envelope = envelope_of(item, RUN, SECRET)
+            envelope = envelope_of(
+                item, self.signers
+            )  # (odd reply addresses, replays, bursts: over RabbitMQ)
             if item.reply:
                 request_id = f"fz-{self.sent}"
                 self.waiting[request_id] = self.broker._pending.open(request_id)

@@ -144,3 +144,13 @@ def test_the_fence_remembers_a_bounded_number_of_ids() -> None:
         Event.ABORT,
         Event.ABORT,
     ]
+
+
+@pytest.mark.parametrize("event", [Event.PREPARE, Event.RESTORE])
+def test_a_lease_is_never_longer_than_max_lease_s_whatever_the_deadline(event: Event) -> None:
+    phases = ParticipantPhases(lease_grace_s=1.0, max_lease_s=60.0)
+    phases.apply(event, "ck-far", now=100.0, deadline=1e300)  # past the edge's checks, still bounded
+    assert phases.lease_expires_at == 100.0 + 60.0 + 1.0
+    phases.apply(Event.RENEW, "ck-far", now=150.0, deadline=float("inf"))
+    assert phases.lease_expires_at == 150.0 + 60.0 + 1.0
+    assert phases.lapse_if_expired(now=211.0) is not None and phases.phase is Phase.IDLE

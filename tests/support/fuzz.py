@@ -20,11 +20,13 @@ from typing import Any, cast
 import msgspec
 import msgspec.inspect as mi
 from hypothesis import strategies as st
-from parkway.brokers.base import Envelope
+from parkway.actors.runtime.client import Client
+from parkway.brokers.base import Broker, Envelope
+from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec
 from parkway.protocol import messages as m
 from parkway.protocol.ids import CHECKPOINT_ID_PATTERN
-from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
+from parkway.protocol.signing import SENDER_HEADER
 
 # The status counters of messages an actor refused at its edge (each of these is also dead-lettered).
 REFUSALS = (
@@ -35,7 +37,7 @@ REFUSALS = (
 )
 
 # How a delivery is signed: correctly, not at all, with another secret, or by the same secret for another run.
-SIGNINGS = ("ok", "ok", "ok", "ok", "ok", "ok", "ok", "none", "wrong_secret", "other_run")
+SIGNINGS = ("ok", "none", "wrong_secret", "other_run")
 
 checkpoint_ids = st.from_regex(CHECKPOINT_ID_PATTERN, fullmatch=True)
 rollout_ids = st.text(min_size=1, max_size=20)
@@ -215,11 +217,46 @@ valid_messages = st.one_of(
     st.builds(m.Ok, detail=st.text(max_size=10)),
 )
 
-type_names = st.sampled_from([*m.MESSAGE_TYPES, "Bogus", "", "prepare"])
-versions = st.sampled_from([1, 1, 1, 0, 2, -1, 10**12])
-field_names = st.sampled_from(
-    ["checkpoint_id", "deadline", "location", "episodes", "rollout_id", "attempt", "reason", "receipts", "x"]
+# What a delivery tries, as the fuzz report's rows: body kinds first, then signing, then delivery.
+CATEGORIES = (
+    "typed",  # a message of any type, mostly well typed, sometimes a field wrong, missing or unknown
+    "valid",  # a valid message built through its constructor
+    "bit_flipped",  # an encoded message with a few bits flipped
+    "truncated",  # an encoded message cut short
+    "random_bytes",
+    "wrong_content_type",  # a good body under another content type (or a foreign one)
+    "unknown_type",
+    "wrong_version",
+    "deep_nesting",  # a field nested hundreds to hundreds of thousands deep
+    "extreme_number",  # inf, NaN, 1e300, 1e400, 2**64 - 1, negative counts in a numeric field
+    "huge_string",  # a string field of up to a megabyte
+    "unsigned",
+    "wrong_secret",
+    "other_run",  # signed with the run's secret, for another run
+    "replayed",  # the previous delivery to that address, exactly again
+    "odd_reply_to",  # a reply address that is no reply queue
+    "burst",  # many valid requests at once, every one to be answered
 )
+# How often each is drawn, in that order (weights): typed messages are what finds handler bugs.
+_WEIGHTS = (14, 3, 3, 2, 2, 2, 2, 2, 2, 3, 1, 1, 1, 1, 1, 1, 1)
+BURST_SIZE = 25
+# Reply addresses no reply queue has: unknown names, one that looks like a server-named queue, junk.
+ODD_REPLY_TOS = ("no-such-queue", "amq.gen-nonexistent0000000000", "x" * 255, " ", "\u00e9t\u00e9")
+# Values that are no value of a meaningful numeric field (the JSON ones are written by hand: 1e400).
+EXTREME_NUMBERS: tuple[object, ...] = (
+    math.inf,
+    -math.inf,
+    math.nan,
+    1e300,
+    -1e300,
+    2**64 - 1,
+    -(2**63),
+    -1,
+    -1.0,
+    2**63,
+    1e-320,
+)
+DEEP = (600, 1_000, 5_000, 200_000)
 
 
 @dataclass(frozen=True)
@@ -229,6 +266,10 @@ class Fuzzed:
     correlation_id: str
     signing: str  # one of SIGNINGS
     reply: bool  # whether it carries a reply address
+    category: str = "typed"  # one of CATEGORIES
+    reply_to: str | None = None  # an odd reply address instead of the sender's reply queue
+    replay: bool = False  # send the previous delivery to that address again instead
+    copies: int = 1  # a burst: this many deliveries of the body, each its own request
 
 
 def _encode(document: dict[str, Any], content_type: str) -> bytes:
@@ -240,49 +281,171 @@ def _encode(document: dict[str, Any], content_type: str) -> bytes:
         return json.dumps(document, default=str).encode()
 
 
+_PLACEHOLDER = "\x00fuzz-placeholder\x00"
+
+
+def _with_value(document: dict[str, Any], field: str, value: bytes, content_type: str) -> bytes:
+    """``document`` encoded with ``field`` set to the already encoded ``value`` (what no encoder writes:
+    a list nested 200,000 deep, JSON's ``1e400`` or ``Infinity``)."""
+    placeholder = _encode({**document, field: _PLACEHOLDER}, content_type)
+    encoder = msgspec.json.encode if content_type == codec.JSON else msgspec.msgpack.encode
+    return placeholder.replace(encoder(_PLACEHOLDER), value, 1)
+
+
+def _nested(depth: int, content_type: str) -> bytes:
+    return b"[" * depth + b"]" * depth if content_type == codec.JSON else b"\x91" * depth + b"\x90"
+
+
+def _number(value: object, content_type: str) -> bytes:
+    if content_type != codec.JSON:
+        return msgspec.msgpack.encode(value)
+    return json.dumps(value).encode()  # inf and NaN as Infinity and NaN: not JSON, what Python writes
+
+
+def _fields_of(document: dict[str, Any], kinds: tuple[str, ...]) -> list[str]:
+    """The fields of ``document``'s type whose msgspec type is one of ``kinds`` (IntType, ...)."""
+    cls = m.MESSAGE_TYPES.get(str(document.get("type")))
+    if cls is None:
+        return []
+    info = cast(mi.StructType, mi.type_info(cls))
+    return [f.encode_name for f in info.fields if f.name != "v" and type(f.type).__name__ in kinds]
+
+
+def _hostile(document: dict[str, Any], category: str, content_type: str, rng: random.Random) -> bytes:
+    """``document`` with one hostile value, as ``category`` says."""
+    if category == "deep_nesting":
+        depth = rng.choice(DEEP)
+        fields = _fields_of(document, ("DictType", "CustomType", "VarTupleType", "StructType"))
+        field = rng.choice(fields) if fields and rng.random() < 0.5 else "x"  # a known field, or one more
+        return _with_value(document, field, _nested(depth, content_type), content_type)
+    if category == "extreme_number":
+        fields = _fields_of(document, ("IntType", "FloatType")) or ["deadline"]
+        field = rng.choice(fields)
+        if content_type == codec.JSON and rng.random() < 0.2:
+            return _with_value(document, field, b"1e400", content_type)  # beyond any double
+        return _with_value(document, field, _number(rng.choice(EXTREME_NUMBERS), content_type), content_type)
+    # huge_string
+    fields = _fields_of(document, ("StrType",)) or ["note"]
+    size = rng.choice([10_000, 100_000, 1_000_000])
+    return _encode({**document, rng.choice(fields): "\u00e9" * (size // 2)}, content_type)
+
+
+@st.composite
+def hostile_bodies(draw: st.DrawFn) -> bytes:
+    """A body of any kind ``fuzzed`` draws (typed, mutated, hostile values, junk): for the codec alone."""
+    return draw(fuzzed()).body
+
+
 @st.composite
 def fuzzed(draw: st.DrawFn, focus: tuple[str, ...] = ()) -> Fuzzed:
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
-    kind = rng.choice(["typed"] * 8 + ["valid", "mutated", "mutated", "json", "bytes"])
+    category = rng.choices(CATEGORIES, weights=_WEIGHTS)[0]
     # A data request's reply is cached by its correlation id: mostly fresh ones, sometimes a repeat.
     correlation_id = rng.choice(CHECKPOINT_POOL) if rng.random() < 0.2 else f"fz-{rng.getrandbits(40):010x}"
     content_type = rng.choice([codec.MSGPACK, codec.MSGPACK, codec.JSON])
-    if kind in ("typed", "mutated"):
-        document = draw(typed_messages(focus))
-        if isinstance(document.get("checkpoint_id"), str) and rng.random() < 0.9:
-            correlation_id = document["checkpoint_id"]  # what a well-behaved sender does
-        body = _encode(document, content_type)
-        if kind == "mutated":
-            raw = bytearray(body)
-            for _ in range(rng.randint(1, 4)):
-                raw[rng.randrange(len(raw))] = rng.randrange(256)
-            body = bytes(raw)
-    elif kind == "valid":
+    signing, reply, reply_to, copies = "ok", rng.random() < 0.8, None, 1
+    if category in ("valid", "burst"):
         message = draw(valid_messages)
         body = codec.encode(message, content_type)
         if isinstance(message, m.ControlCommand):
             correlation_id = message.checkpoint_id
-    elif kind == "json":
-        document = {"type": draw(type_names), "v": draw(versions)}
-        document.update(draw(st.dictionaries(field_names, json_values, max_size=4)))
-        content_type = codec.JSON
-        body = json.dumps(document).encode()
-    else:
+        if category == "burst":  # a question every role answers, many at once
+            reply, copies = True, BURST_SIZE
+            message = m.Status(checkpoint_id=f"burst-{rng.getrandbits(32):08x}", deadline=time.time() + 60)
+            body, correlation_id = codec.encode(message, content_type), message.checkpoint_id
+    elif category == "random_bytes":
         body = draw(st.binary(max_size=200))
         content_type = draw(st.sampled_from([codec.MSGPACK, codec.JSON, "", "text/xml"]))
-    return Fuzzed(body, content_type, correlation_id, rng.choice(SIGNINGS), reply=rng.random() < 0.8)
+    elif category in ("unknown_type", "wrong_version"):
+        document = draw(typed_messages(focus))
+        if category == "unknown_type":
+            document["type"] = rng.choice(
+                ["Bogus", "", "prepare", "Message", "ControlCommand", 5, None, "T" * 10**5]
+            )
+        else:
+            document["v"] = rng.choice([0, 2, -1, 10**12, 2**64 - 1, "1", None, 1.5])
+        body = _encode(document, content_type)
+    else:
+        document = draw(typed_messages(focus))
+        if isinstance(document.get("checkpoint_id"), str) and rng.random() < 0.9:
+            correlation_id = document["checkpoint_id"]  # what a well-behaved sender does
+        if category in ("deep_nesting", "extreme_number", "huge_string"):
+            body = _hostile(document, category, content_type, rng)
+        else:
+            body = _encode(document, content_type)
+        if category == "bit_flipped":
+            raw = bytearray(body)
+            for _ in range(rng.randint(1, 4)):
+                raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+            body = bytes(raw)
+        elif category == "truncated":
+            body = body[: rng.randrange(len(body))]
+        elif category == "wrong_content_type":
+            content_type = rng.choice(
+                [
+                    codec.JSON if content_type == codec.MSGPACK else codec.MSGPACK,
+                    "text/xml",
+                    "",
+                    "text/plain",
+                    "application/json; charset=utf-16",
+                    "APPLICATION/X-MSGPACK",
+                    "application/octet-stream",
+                ]
+            )
+        elif category in ("unsigned", "wrong_secret", "other_run"):
+            signing = "none" if category == "unsigned" else category
+        elif category == "odd_reply_to":
+            reply, reply_to = True, rng.choice(ODD_REPLY_TOS)
+    return Fuzzed(
+        body,
+        content_type,
+        correlation_id,
+        signing,
+        reply,
+        category=category,
+        reply_to=reply_to,
+        replay=category == "replayed",
+        copies=copies,
+    )
 
 
-def envelope_of(item: Fuzzed, run: str, secret: bytes) -> Envelope:
-    """The delivery as its (hostile) sender would publish it."""
-    headers = {SENDER_HEADER: "fuzz/0"}
-    if item.signing != "none":
-        headers[SIGNATURE_HEADER] = sign(
-            b"not-the-secret" if item.signing == "wrong_secret" else secret,
-            run="another-run" if item.signing == "other_run" else run,
-            sender="fuzz/0",
-            correlation_id=item.correlation_id,
-            content_type=item.content_type,
-            body=item.body,
+@dataclass(frozen=True)
+class Signers:
+    """How a fuzzer signs: through the public ``Client``, as the run's own senders do, with the run's
+    secret (``ok``), another secret, or the run's secret for another run."""
+
+    ok: Client
+    wrong_secret: Client
+    other_run: Client
+
+    @classmethod
+    def of(cls, broker: Broker, secret: bytes, sender: str = "fuzz/0") -> Signers:
+        other = MemoryBroker(MemoryHub(), "another-run")  # only its run name is used: nothing is sent
+        return cls(
+            ok=Client(broker, secret=secret, sender=sender),
+            wrong_secret=Client(broker, secret=b"not-the-secret", sender=sender),
+            other_run=Client(other, secret=secret, sender=sender),
         )
-    return Envelope(item.body, item.content_type, item.correlation_id, headers)
+
+
+def deep_document(document: dict[str, Any], depth: int, content_type: str) -> bytes:
+    """``document`` (a small map) with one more field, ``x``: a list nested ``depth`` deep."""
+    if content_type == codec.JSON:
+        return msgspec.json.encode(document)[:-1] + b',"x":' + b"[" * depth + b"]" * depth + b"}"
+    body = msgspec.msgpack.encode(document)
+    assert body[0] & 0xF0 == 0x80 and len(document) < 15  # a fixmap: its count is in its first byte
+    return bytes([body[0] + 1]) + body[1:] + msgspec.msgpack.encode("x") + b"\x91" * depth + b"\x90"
+
+
+def signed_bytes(client: Client, body: bytes, *, correlation_id: str, content_type: str) -> Envelope:
+    """Any bytes, signed by ``client`` as it signs a message of its own (``Raw`` is encoded as is)."""
+    raw = cast(m.Message, msgspec.Raw(body))
+    return client.envelope(raw, correlation_id=correlation_id, content_type=content_type)
+
+
+def envelope_of(item: Fuzzed, signers: Signers) -> Envelope:
+    """The delivery as its (hostile) sender would publish it (without its reply address)."""
+    if item.signing == "none":
+        return Envelope(item.body, item.content_type, item.correlation_id, {SENDER_HEADER: "fuzz/0"})
+    client = getattr(signers, item.signing)
+    return signed_bytes(client, item.body, correlation_id=item.correlation_id, content_type=item.content_type)

@@ -25,6 +25,8 @@ def test_defaults_mirror_nemo_keys() -> None:
         ({"policy": {"engine": "gpt"}}, "policy.engine"),
         ({"rollout": {"group_size": "three"}}, "rollout.group_size: Expected `int`, got `str`"),
         ({"rollout": {"group_size": 0}}, "rollout.group_size: must be >= 1"),
+        ({"rollout": {"max_turns": 20_000}}, "rollout.max_turns and rollout.max_tokens: at most 10000"),
+        ({"rollout": {"max_tokens": 2**21}}, "got 5 and 2097152"),  # what a Run and a call may carry
         ({"recovery": {"target_level": "prefix"}}, "prefix needs a policy engine that can cut"),
         (
             {"recovery": {"target_level": "sibling", "allow_restart_only": True}},
