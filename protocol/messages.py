@@ -524,6 +524,8 @@ class Completed(Message, frozen=True, kw_only=True):
     reward: float
     turns: int
     staging_keys: tuple[str, ...] = ()
+    # The agent replica that ran it: where the Ack goes of an attempt the controller never dispatched.
+    replica: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)
@@ -543,6 +545,7 @@ class Failed(Message, frozen=True, kw_only=True):
     code: str
     detail: str = ""
     turns: int = 0
+    replica: Annotated[int, msgspec.Meta(ge=0)] | None = None  # as on ``Completed``
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)

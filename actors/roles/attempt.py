@@ -177,6 +177,7 @@ class Attempt:
             reward=reward,
             turns=ctx.turns,
             staging_keys=tuple(step.staging_key for step in self.model),
+            replica=self.host.replica,
         )
 
     def _failed(self, code: str, detail: str, ctx: RolloutContext) -> Failed:
@@ -188,6 +189,7 @@ class Attempt:
             code=code,
             detail=detail,
             turns=ctx.turns,
+            replica=self.host.replica,
         )
 
     def _start_turn(self, index: int, replayed: bool) -> None:

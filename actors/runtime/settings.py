@@ -6,6 +6,9 @@ Credentials never come from code: the broker URL (with its password) and the run
 0 or unset serves none. ``PARKWAY_MAX_BODY_BYTES`` sets the largest message body accepted and sent
 (16 MiB by default). ``PARKWAY_CLUSTER_WAIT_S`` is how long a controller waits for every participant
 to answer before its run starts (120 s by default; compose starts the services in any order).
+``PARKWAY_RECEIPT_RESEND_S``, ``PARKWAY_RECEIPT_RESEND_MAX_S`` and ``PARKWAY_RECEIPT_RESENDS`` set how
+an agent resends an unacknowledged receipt: the first pause (2 s), the cap the pause doubles up to (60 s),
+and how many resends before it gives the receipt up (30).
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ MEMORY_URL = "memory://"
 MAX_BODY_ENV = "PARKWAY_MAX_BODY_BYTES"
 CLUSTER_WAIT_ENV = "PARKWAY_CLUSTER_WAIT_S"
 DEFAULT_CLUSTER_WAIT_S = 120.0
+RECEIPT_RESEND_ENV = "PARKWAY_RECEIPT_RESEND_S"
+RECEIPT_RESEND_MAX_ENV = "PARKWAY_RECEIPT_RESEND_MAX_S"
+RECEIPT_RESENDS_ENV = "PARKWAY_RECEIPT_RESENDS"
+DEFAULT_RESEND_S, DEFAULT_RESEND_MAX_S, DEFAULT_RESENDS = 2.0, 60.0, 30
 
 
 class SettingsError(Exception):
@@ -43,16 +50,47 @@ def max_body_bytes(environ: Mapping[str, str] | None = None) -> int:
 
 def cluster_wait_s(environ: Mapping[str, str] | None = None) -> float:
     """How long a controller waits for its participants to answer: ``PARKWAY_CLUSTER_WAIT_S``, else 120 s."""
-    text = (os.environ if environ is None else environ).get(CLUSTER_WAIT_ENV, "").strip()
+    return _seconds(os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "").strip()
     if not text:
-        return DEFAULT_CLUSTER_WAIT_S
+        return default
     try:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
     if not 0 < seconds < float("inf"):
-        raise SettingsError(f"{CLUSTER_WAIT_ENV}={text!r}: want a number of seconds above 0")
+        raise SettingsError(f"{name}={text!r}: want a number of seconds above 0")
     return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptResend:
+    """How an agent resends a receipt nobody acknowledged: the pause doubles from ``first_s`` up to
+    ``max_s``; after ``give_up_after`` resends the receipt is dropped (the controller's stall timeout,
+    or a restore, deals with an attempt whose receipt never arrived)."""
+
+    first_s: float = DEFAULT_RESEND_S
+    max_s: float = DEFAULT_RESEND_MAX_S
+    give_up_after: int = DEFAULT_RESENDS
+
+    def pause(self, resends: int) -> float:
+        """The pause before resend number ``resends + 1``."""
+        return min(self.first_s * 2 ** min(resends, 64), self.max_s)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ReceiptResend:
+        env = os.environ if environ is None else environ
+        first_s = _seconds(env, RECEIPT_RESEND_ENV, DEFAULT_RESEND_S)
+        max_s = _seconds(env, RECEIPT_RESEND_MAX_ENV, max(DEFAULT_RESEND_MAX_S, first_s))
+        if max_s < first_s:
+            raise SettingsError(f"{RECEIPT_RESEND_MAX_ENV}={max_s}: below {RECEIPT_RESEND_ENV}={first_s}")
+        text = env.get(RECEIPT_RESENDS_ENV, "").strip()
+        if text and not text.isdigit():
+            raise SettingsError(f"{RECEIPT_RESENDS_ENV}={text!r}: want a whole number of resends, 0 or more")
+        return cls(first_s=first_s, max_s=max_s, give_up_after=int(text) if text else DEFAULT_RESENDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,12 +29,18 @@ class AckOutbox:
         self._pending: dict[int, list[AttemptRef]] = defaultdict(list)
         self._replica_of: dict[tuple[str, int], int] = {}  # each dispatched attempt's agent replica
 
+    def routed(self, key: tuple[str, int]) -> bool:
+        return key in self._replica_of
+
     def route(self, key: tuple[str, int], replica: int) -> None:
         """The agent replica attempt ``key`` was dispatched to: where its receipt's Ack goes."""
         self._replica_of[key] = replica
 
-    def acknowledge(self, key: tuple[str, int]) -> None:
-        replica = self._replica_of.get(key)
+    def acknowledge(self, key: tuple[str, int], sender: int | None = None) -> None:
+        """Acknowledge ``key`` to the replica it was dispatched to; one this controller never dispatched
+        (another incarnation's, a forged Run's) to ``sender``, the replica its receipt names, so that
+        agent stops resending it."""
+        replica = self._replica_of.get(key, sender)
         if replica is not None:
             self._pending[replica].append(AttemptRef(rollout_id=key[0], attempt=key[1]))
 
