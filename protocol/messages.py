@@ -361,6 +361,8 @@ class Generate(Message, frozen=True, kw_only=True):
     max_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
     policy_version: int = 0  # the version the rollout was dispatched with
+    # The timeline it belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
+    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -398,6 +400,8 @@ class ToolCall(Message, frozen=True, kw_only=True):
     tool: str
     arguments: dict[str, object] = {}
     seed: int = 0
+    # The timeline it belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
+    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -430,6 +434,7 @@ class Rows(Message, frozen=True, kw_only=True):
     """Policy or agent -> TQ: staging rows, one per model call."""
 
     rows: tuple[StagingRow, ...]
+    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0  # the epoch of the Generate that made them
 
 
 class SealRows(Message, frozen=True, kw_only=True):
@@ -526,6 +531,8 @@ class Completed(Message, frozen=True, kw_only=True):
     staging_keys: tuple[str, ...] = ()
     # The agent replica that ran it: where the Ack goes of an attempt the controller never dispatched.
     replica: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # The timeline it belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
+    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)
@@ -546,6 +553,7 @@ class Failed(Message, frozen=True, kw_only=True):
     detail: str = ""
     turns: int = 0
     replica: Annotated[int, msgspec.Meta(ge=0)] | None = None  # as on ``Completed``
+    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0  # as on ``Completed``
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)

@@ -87,7 +87,7 @@ class Agent(Participant):
         self.unacked: dict[AttemptKey, tuple[Completed | Failed, float]] = {}
         self.resends: dict[AttemptKey, int] = {}  # how often each unacknowledged receipt was sent again
         self.continuations: dict[str, SavedRollout] = {}  # restored, waiting for their Run
-        self.epoch = 0  # the newest controller incarnation seen (Run or Restore)
+        self.epoch = 0  # the newest controller incarnation seen (Run or Restore); see Participant
         self.released = asyncio.Event()  # set while no checkpoint holds the rollouts
         self.released.set()
         self._park_changed = asyncio.Event()

@@ -91,6 +91,10 @@ class Controller(Actor):
         self._tasks: list[Task] = []
         self._expected = 0
 
+    def timeline(self) -> int:
+        # Receipts of an older epoch are the dead timeline's; a fresh run (epoch 1) knows no older one.
+        return self.state.epoch if self.state.epoch > 1 else 0
+
     async def start(self) -> None:
         await super().start()
         # Acks go out whether or not a workload runs: an agent's receipt is answered even then.
