@@ -23,6 +23,8 @@ from parkway.protocol.training import TrainedRollout, TrainGroup
 
 # Token ids are vocabulary indices: never negative, and below any vocabulary a model has.
 MAX_TOKEN_ID = 2**31 - 1
+# The timeline a data message belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
+Epoch = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
@@ -222,22 +224,6 @@ class LoadWeights(ControlCommand, frozen=True, kw_only=True):
             raise ValueError(f"policy_version {self.policy_version} < 1")
 
 
-CONTROL_COMMANDS: tuple[type[ControlCommand], ...] = (
-    Discover,
-    Status,
-    Prepare,
-    Renew,
-    Commit,
-    Resume,
-    Abort,
-    Restore,
-    Retire,
-    Forget,
-    Probe,
-    Snapshot,
-    LoadWeights,
-)
-
 # ---------------------------------------------------------------------------------------------
 # Replies
 
@@ -361,8 +347,7 @@ class Generate(Message, frozen=True, kw_only=True):
     max_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
     policy_version: int = 0  # the version the rollout was dispatched with
-    # The timeline it belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
-    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -400,8 +385,7 @@ class ToolCall(Message, frozen=True, kw_only=True):
     tool: str
     arguments: dict[str, object] = {}
     seed: int = 0
-    # The timeline it belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
-    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -434,7 +418,7 @@ class Rows(Message, frozen=True, kw_only=True):
     """Policy or agent -> TQ: staging rows, one per model call."""
 
     rows: tuple[StagingRow, ...]
-    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0  # the epoch of the Generate that made them
+    epoch: Epoch = 0  # the epoch of the Generate that made them
 
 
 class SealRows(Message, frozen=True, kw_only=True):
@@ -531,8 +515,7 @@ class Completed(Message, frozen=True, kw_only=True):
     staging_keys: tuple[str, ...] = ()
     # The agent replica that ran it: where the Ack goes of an attempt the controller never dispatched.
     replica: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    # The timeline it belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
-    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)
@@ -553,7 +536,7 @@ class Failed(Message, frozen=True, kw_only=True):
     detail: str = ""
     turns: int = 0
     replica: Annotated[int, msgspec.Meta(ge=0)] | None = None  # as on ``Completed``
-    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0  # as on ``Completed``
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)
@@ -603,6 +586,8 @@ AnyMessage = (
 )
 
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in typing.get_args(AnyMessage)}
+# Every control command, in the union's order.
+CONTROL_COMMANDS = tuple(cls for cls in MESSAGE_TYPES.values() if issubclass(cls, ControlCommand))
 
 
 def is_control(message: Message) -> bool:
