@@ -258,6 +258,7 @@ class StatusReport(Message, frozen=True, kw_only=True):
     started_at: float = 0.0
     handled: int = 0
     counts: dict[str, int] = {}
+    epoch: int = 0  # a participant's: the newest epoch a Restore named
 
 
 class Prepared(Message, frozen=True, kw_only=True):

@@ -144,7 +144,11 @@ class Participant(Actor):
         return self.phases.phase.value
 
     def status_extras(self) -> dict[str, Any]:
-        return {"checkpoint_id": self.phases.checkpoint_id, "lease_expires_at": self.phases.lease_expires_at}
+        return {
+            "checkpoint_id": self.phases.checkpoint_id,
+            "lease_expires_at": self.phases.lease_expires_at,
+            "epoch": self.epoch,
+        }
 
     async def on_discover(self, _: Discover) -> Message:
         return Capabilities(
