@@ -39,3 +39,20 @@ async def test_unknown_receipts_are_acked_to_their_sender_and_a_bad_replica_bloc
     assert [(r.rollout_id, r.attempt) for r in acks[0].receipts] == [("forged_g0", 0)]
     assert counts["receipts_unknown"] == 2 and counts["acks_unknown_sent"] == 1, counts
     assert counts.get("attempts_failed", 0) == 0 and counts.get("acks_sent", 0) == 0, counts
+
+
+async def test_a_restored_controller_refuses_a_receipt_of_the_timeline_before_it() -> None:
+    async with MemoryBroker(MemoryHub(), "re") as broker:
+        controller = Controller(broker, secret=SECRET)
+        controller.state.epoch = 2  # what a restore of an epoch-1 snapshot makes it
+        await controller.start()
+        client = Client(broker, secret=SECRET, sender="agent/0")
+        for epoch in (1, 2):
+            receipt = Failed(rollout_id=f"r{epoch}_g0", attempt=0, code="garbage", replica=0, epoch=epoch)
+            await client.send("controller/0", receipt, correlation_id=f"r{epoch}")
+        await until(
+            lambda: controller.counts["Failed"] == 1 and controller.counts["refused:stale_epoch"] == 1
+        )
+        letters = await broker.read_dead_letters()
+        await controller.stop()
+    assert [(x.origin, x.code) for x in letters] == [("controller/0", "stale_epoch")]
