@@ -11,6 +11,7 @@ class ErrorCode(StrEnum):
     INVALID_PHASE = "invalid_phase"  # the command is illegal in the participant's phase
     DEADLINE_EXCEEDED = "deadline_exceeded"  # the command's absolute deadline has passed
     STALE_ATTEMPT = "stale_attempt"  # a message from an attempt that a newer one replaced
+    STALE_EPOCH = "stale_epoch"  # a data message of a timeline a restore ended (an older epoch)
     ADMISSION_CLOSED = "admission_closed"  # the gate is closed for a checkpoint; try after resume
     UNAUTHORIZED = "unauthorized"  # missing or wrong signature, or a message from another run
     INVALID_MESSAGE = "invalid_message"  # bytes that are not a valid message of this schema

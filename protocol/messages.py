@@ -22,6 +22,8 @@ from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
 MAX_TOKEN_ID = ranges.MAX_TOKEN_ID  # numeric fields are typed with their ranges, checked at decode
+# The timeline a data message belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
+Epoch = ranges.Count
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
@@ -221,22 +223,6 @@ class LoadWeights(ControlCommand, frozen=True, kw_only=True):
             raise ValueError(f"policy_version {self.policy_version} < 1")
 
 
-CONTROL_COMMANDS: tuple[type[ControlCommand], ...] = (
-    Discover,
-    Status,
-    Prepare,
-    Renew,
-    Commit,
-    Resume,
-    Abort,
-    Restore,
-    Retire,
-    Forget,
-    Probe,
-    Snapshot,
-    LoadWeights,
-)
-
 # ---------------------------------------------------------------------------------------------
 # Replies
 
@@ -271,6 +257,7 @@ class StatusReport(Message, frozen=True, kw_only=True):
     started_at: ranges.Seconds = 0.0
     handled: ranges.Count = 0
     counts: dict[str, int] = {}
+    epoch: Epoch = 0  # a participant's: the newest epoch a Restore named
 
 
 class Prepared(Message, frozen=True, kw_only=True):
@@ -358,6 +345,7 @@ class Generate(Message, frozen=True, kw_only=True):
     max_tokens: ranges.TokenBudget = 64
     stop_token_ids: tuple[ranges.TokenId, ...] = ()
     policy_version: ranges.Count = 0  # the version the rollout was dispatched with
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -395,6 +383,7 @@ class ToolCall(Message, frozen=True, kw_only=True):
     tool: str
     arguments: dict[str, object] = {}
     seed: ranges.Int64 = 0
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt, self.call_index)
@@ -427,6 +416,7 @@ class Rows(Message, frozen=True, kw_only=True):
     """Policy or agent -> TQ: staging rows, one per model call."""
 
     rows: tuple[StagingRow, ...]
+    epoch: Epoch = 0  # the epoch of the Generate that made them
 
 
 class SealRows(Message, frozen=True, kw_only=True):
@@ -521,6 +511,9 @@ class Completed(Message, frozen=True, kw_only=True):
     reward: ranges.Finite
     turns: ranges.Turns
     staging_keys: tuple[str, ...] = ()
+    # The agent replica that ran it: where the Ack goes of an attempt the controller never dispatched.
+    replica: ranges.Count | None = None
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)
@@ -540,6 +533,8 @@ class Failed(Message, frozen=True, kw_only=True):
     code: str
     detail: str = ""
     turns: ranges.Turns = 0
+    replica: ranges.Count | None = None  # as on ``Completed``
+    epoch: Epoch = 0
 
     def __post_init__(self) -> None:
         _check_attempt(self.rollout_id, self.attempt)
@@ -589,6 +584,8 @@ AnyMessage = (
 )
 
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in typing.get_args(AnyMessage)}
+# Every control command, in the union's order.
+CONTROL_COMMANDS = tuple(cls for cls in MESSAGE_TYPES.values() if issubclass(cls, ControlCommand))
 
 
 def is_control(message: Message) -> bool:

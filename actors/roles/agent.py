@@ -3,7 +3,8 @@
 A ``Run`` starts one attempt as a task (the delivery is acked at once: a rollout can take hours, far
 longer than a broker should hold a message). The attempt (``attempt.py``) runs an ``AgentProgram``
 (a plugin, ``sdk/plugins.py``) through a ``RolloutContext``; its end is a receipt for the controller, ``Completed`` or ``Failed``,
-kept and re-sent until the controller acknowledges it (``Ack``, idempotent). ``Retire`` stops
+kept and re-sent until the controller acknowledges it (``Ack``, idempotent), the pause doubling up to a
+cap, and given up after a bound (``ReceiptResend``: counted, logged). ``Retire`` stops
 attempts the controller gave up on and releases their tool sessions.
 
 Checkpoints. A rollout is parked when it waits at a boundary (before a model call, after a tool round)
@@ -26,6 +27,7 @@ import msgspec
 import structlog
 from parkway.actors.roles.attempt import PARKED_STATES, Attempt, received
 from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.actors.runtime.settings import ReceiptResend
 from parkway.actors.sdk.environments import Environment
 from parkway.actors.sdk.plugins import find_agent, find_environment
 from parkway.actors.sdk.rollout import AgentProgram
@@ -66,7 +68,7 @@ class Agent(Participant):
         *args: Any,
         policy_address: str = "policy/0",
         controller_address: str = "controller/0",
-        resend_after_s: float = 2.0,
+        resend: ReceiptResend | None = None,
         programs: Mapping[str, type[AgentProgram]] | None = None,
         environments: Mapping[str, type[Environment]] | None = None,
         **kwargs: Any,
@@ -77,13 +79,15 @@ class Agent(Participant):
         self.environments = dict(environments) if environments is not None else None
         self.policy_address = policy_address
         self.controller_address = controller_address
-        self.resend_after_s = resend_after_s
+        self.resend = resend if resend is not None else ReceiptResend.from_env()
         self.running: dict[AttemptKey, asyncio.Task[None]] = {}
         self.live: dict[AttemptKey, Attempt] = {}
         self.latest_attempt: dict[str, int] = {}
+        # Each receipt not acknowledged yet, and when (monotonic) it is sent again.
         self.unacked: dict[AttemptKey, tuple[Completed | Failed, float]] = {}
+        self.resends: dict[AttemptKey, int] = {}  # how often each unacknowledged receipt was sent again
         self.continuations: dict[str, SavedRollout] = {}  # restored, waiting for their Run
-        self.epoch = 0  # the newest controller incarnation seen (Run or Restore)
+        self.epoch = 0  # the newest controller incarnation seen (Run or Restore); see Participant
         self.released = asyncio.Event()  # set while no checkpoint holds the rollouts
         self.released.set()
         self._park_changed = asyncio.Event()
@@ -91,6 +95,9 @@ class Agent(Participant):
         self.handlers.update({Run: self.on_run, Ack: self.on_ack})
         self.metrics.gauge(
             "parkway_rollouts_in_flight", "Rollout attempts running on this agent", lambda: len(self.running)
+        )
+        self._given_up_metric = self.metrics.counter(
+            "parkway_receipts_given_up", "Receipts dropped unacknowledged after the last resend"
         )
 
     async def start(self) -> None:
@@ -153,6 +160,7 @@ class Agent(Participant):
 
     async def on_ack(self, ack: Ack) -> None:
         for ref in ack.receipts:
+            self.resends.pop((ref.rollout_id, ref.attempt), None)
             if self.unacked.pop((ref.rollout_id, ref.attempt), None) is not None:
                 self.counts["receipts_acked"] += 1
                 self.history.record(ReceiptAcked(rollout_id=ref.rollout_id, attempt=ref.attempt))
@@ -216,6 +224,7 @@ class Agent(Participant):
             task.cancel()
         await asyncio.gather(*zombies, return_exceptions=True)
         self.unacked.clear()
+        self.resends.clear()
         self.counts["runs_stopped_at_restore"] += len(zombies)
         continuing = {e.rollout_id: e.attempt for e in command.episodes if e.replica == self.replica}
         restored = []
@@ -246,7 +255,9 @@ class Agent(Participant):
         run = attempt.run
         with structlog.contextvars.bound_contextvars(rollout_id=run.rollout_id, attempt=run.attempt):
             receipt = await attempt.run_to_receipt()
-            self.unacked[(run.rollout_id, run.attempt)] = (receipt, time.monotonic())
+            key = (run.rollout_id, run.attempt)
+            self.unacked[key] = (receipt, time.monotonic() + self.resend.pause(0))
+            self.resends[key] = 0
             self.history.record(
                 Receipt(
                     rollout_id=run.rollout_id,
@@ -266,11 +277,26 @@ class Agent(Participant):
             log.warning("receipt_not_sent", error=str(exc))
 
     async def _resend_unacked(self) -> None:
+        """Each receipt again when its pause is over, the pause doubling (capped); after the last resend
+        with no Ack the receipt is given up: a controller that never answers must not be sent it forever."""
         while True:
-            await asyncio.sleep(self.resend_after_s)
+            await asyncio.sleep(self.resend.first_s)
             now = time.monotonic()
-            for key, (receipt, sent_at) in list(self.unacked.items()):
-                if now - sent_at >= self.resend_after_s:
-                    self.unacked[key] = (receipt, now)
-                    self.counts["receipts_resent"] += 1
-                    await self._send_receipt(receipt)
+            for key, (receipt, due) in list(self.unacked.items()):
+                if now < due or self.unacked.get(key, (None, 0.0))[0] is not receipt:
+                    continue  # not due, or acknowledged while an earlier one was being sent
+                resends = self.resends.get(key, 0)
+                if resends >= self.resend.give_up_after:
+                    self._give_up(key, resends)
+                    continue
+                self.resends[key] = resends + 1
+                self.unacked[key] = (receipt, now + self.resend.pause(resends + 1))
+                self.counts["receipts_resent"] += 1
+                await self._send_receipt(receipt)
+
+    def _give_up(self, key: AttemptKey, resends: int) -> None:
+        self.unacked.pop(key, None)
+        self.resends.pop(key, None)
+        self.counts["receipts_given_up"] += 1
+        self._given_up_metric.inc()
+        log.warning("receipt_given_up", rollout_id=key[0], attempt=key[1], resends=resends)

@@ -177,6 +177,8 @@ class Attempt:
             reward=reward,
             turns=ctx.turns,
             staging_keys=tuple(step.staging_key for step in self.model),
+            replica=self.host.replica,
+            epoch=run.epoch,
         )
 
     def _failed(self, code: str, detail: str, ctx: RolloutContext) -> Failed:
@@ -188,6 +190,8 @@ class Attempt:
             code=code,
             detail=detail,
             turns=ctx.turns,
+            replica=self.host.replica,
+            epoch=self.run.epoch,
         )
 
     def _start_turn(self, index: int, replayed: bool) -> None:
@@ -256,6 +260,7 @@ class Attempt:
             max_tokens=run.task.max_tokens,
             stop_token_ids=chat.tokenizer_for(run.task.tokenizer).stop_token_ids,
             policy_version=run.policy_version,
+            epoch=run.epoch,
         )
         self._start_turn(index, replayed=False)
         self._set_state(AWAITING_MODEL)  # parked at the boundary just passed
@@ -304,6 +309,7 @@ class Attempt:
             tool=tool,
             arguments=arguments,
             seed=run.seed,
+            epoch=run.epoch,
         )
         self._set_state(IN_TOOL)
         self.host.history.record(
@@ -367,6 +373,7 @@ class Attempt:
             env=run.env,
             tool="release",
             seed=run.seed,
+            epoch=run.epoch,
         )
         with contextlib.suppress(Exception):
             await self.host.client.request(

@@ -150,7 +150,9 @@ class Policy(Participant):
             prompt_token_ids=call.token_ids,
         )
         try:
-            await self.client.send(self.tq_address, Rows(rows=(row,)), correlation_id=request_id)
+            await self.client.send(
+                self.tq_address, Rows(rows=(row,), epoch=call.epoch), correlation_id=request_id
+            )
         except BrokerError as exc:
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"staging row for {request_id} not sent: {exc}"

@@ -76,6 +76,10 @@ class TrainerConfig(_Section, frozen=True):
     options: dict[str, Any] = {}  # keywords its constructor takes
     batch_groups: int = 2
     checkpoint_every: int = 0  # train steps between trainer checkpoints (0: never)
+    # A trainer checkpoint whose files cannot be written is tried again this often, the pause doubling
+    # from checkpoint_retry_s (capped at 30 s); then that step goes without one and the run goes on.
+    checkpoint_retries: int = 5
+    checkpoint_retry_s: float = 1.0
     # Where the trainer actor runs: "inline" in the controller's process (an embedded run, or a
     # controller of its own), "service": a ``parkway actor trainer`` process the controller waits for.
     host: Literal["inline", "service"] = "inline"
@@ -206,8 +210,10 @@ def check(config: RunConfig) -> None:
         )
     if not 0.0 <= config.faults.failure_rate <= 1.0:
         problems.append(f"faults.failure_rate: must be within [0, 1], got {config.faults.failure_rate}")
-    if config.trainer.checkpoint_every < 0:
-        problems.append("trainer.checkpoint_every: must be >= 0")
+    if config.trainer.checkpoint_every < 0 or config.trainer.checkpoint_retries < 0:
+        problems.append("trainer.checkpoint_every and trainer.checkpoint_retries: must be >= 0")
+    if not 0 < config.trainer.checkpoint_retry_s <= 3600:
+        problems.append("trainer.checkpoint_retry_s: must be within (0, 3600]")
     if config.rollout.stall_timeout_s <= 0:
         problems.append("rollout.stall_timeout_s: must be > 0")
     if config.trainer.resend_s <= 0:

@@ -38,6 +38,7 @@ from parkway.actors.runtime.replies import ReplyCache
 from parkway.actors.runtime.settings import MAX_DEADLINE_ENV, max_deadline_s
 from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
 from parkway.protocol import codec
+from parkway.protocol.epochs import check_epoch
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Started
 from parkway.protocol.ids import actor_address, validate_name
@@ -180,6 +181,11 @@ class Actor:
                 kind,
             )
             return
+        try:
+            check_epoch(message, self.timeline())
+        except ProtocolError as err:  # of a timeline a restore ended: dead-lettered like any refusal
+            await self._refuse(delivery, err, sender, type(message).__name__)
+            return
         if isinstance(message, QUERIES):  # read-only: always answered fresh, never cached
             await self._answer_query(delivery, handler, message)
             return
@@ -314,6 +320,11 @@ class Actor:
     async def after_reply(self, message: Message) -> None:
         """Runs once the reply to ``message`` is written (or failed to be): work that must not hold the
         reply back. Runs even when sending failed."""
+
+    def timeline(self) -> int:
+        """The newest epoch this actor knows: a data message stamped with an older one is refused
+        (``protocol/epochs.py``). 0 until a restore tells it one."""
+        return 0
 
     # -- handlers every actor has --------------------------------------------------------------
     def phase_name(self) -> str:

@@ -15,7 +15,8 @@ and every later one (a disk that stays full). Write points:
 - ``publish_write``: the controller writing the manifest;
 - ``publish_fsync:files`` and ``publish_fsync:parent``: fsyncing the snapshot's directories before the
   rename, and the run directory after it;
-- ``publish_rename``: renaming ``tmp_<id>`` to ``snapshot_<seq>``.
+- ``publish_rename``: renaming ``tmp_<id>`` to ``snapshot_<seq>``;
+- ``trainer_checkpoint_write``: the controller writing a trainer checkpoint's files (before the write).
 
 Kill points of the snapshot sequence: ``save_<step>`` and ``after_<step>`` (``protocol/snapshot.py``),
 ``after_abort`` (an aborted snapshot, cleaned up), ``participant_prepare:<role>``.

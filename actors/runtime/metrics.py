@@ -122,6 +122,10 @@ class ActorMetrics:
         """A gauge read when scraped (``read`` runs in the HTTP server's thread: keep it a plain read)."""
         self._child(self._metric(Gauge, name, documentation)).set_function(read)
 
+    def counter(self, name: str, documentation: str) -> Any:
+        """A counter of this actor's (``inc()`` it)."""
+        return self._child(self._metric(Counter, name, documentation))
+
     # -- participants ----------------------------------------------------------------------------
     def phase_left(self, phase: str, seconds: float) -> None:
         """A participant left ``phase`` after ``seconds`` in it (idle is not timed)."""

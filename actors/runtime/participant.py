@@ -90,6 +90,7 @@ class Participant(Actor):
         self.phases = ParticipantPhases(lease_grace_s=lease_grace_s, max_lease_s=self.max_deadline_s)
         self.snapshot_root = snapshot_root
         self.retired: set[tuple[str, int]] = set()
+        self.epoch = 0  # the newest timeline a Restore named: data messages of older ones are refused
         self._ended: dict[str, asyncio.Event] = {}
         self._lease_changed = asyncio.Event()
         self._release_pending: set[str] = set()  # resumed ids whose release waits for the reply
@@ -136,11 +137,18 @@ class Participant(Actor):
         """Reopen admission and release held replies."""
 
     # -- status --------------------------------------------------------------------------------
+    def timeline(self) -> int:
+        return self.epoch
+
     def phase_name(self) -> str:
         return self.phases.phase.value
 
     def status_extras(self) -> dict[str, Any]:
-        return {"checkpoint_id": self.phases.checkpoint_id, "lease_expires_at": self.phases.lease_expires_at}
+        return {
+            "checkpoint_id": self.phases.checkpoint_id,
+            "lease_expires_at": self.phases.lease_expires_at,
+            "epoch": self.epoch,
+        }
 
     async def on_discover(self, _: Discover) -> Message:
         return Capabilities(
@@ -277,6 +285,7 @@ class Participant(Actor):
                 ErrorCode.INVALID_MESSAGE, f"{command.location} cannot be restored: {where}: {detail}"
             ) from exc
         self.retired.clear()
+        self.epoch = max(self.epoch, command.epoch)
         self.replies.evict_all(keep=CONTROL_TYPES)
         self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
         self._ended[command.checkpoint_id] = asyncio.Event()

@@ -6,9 +6,11 @@ Credentials never come from code: the broker URL (with its password) and the run
 0 or unset serves none. ``PARKWAY_MAX_BODY_BYTES`` sets the largest message body accepted and sent
 (16 MiB by default). ``PARKWAY_CLUSTER_WAIT_S`` is how long a controller waits for every participant
 to answer before its run starts (120 s by default; compose starts the services in any order).
-``PARKWAY_MAX_DEADLINE_S`` is how far ahead of now a control command's deadline may be (3600 s by
-default, above the controller's longest, the 600 s of a weights load): one further out is refused
-``invalid_message``, so no command can hold a participant's lease for longer.
+    return _seconds(os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "").strip()
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ CLUSTER_WAIT_ENV = "PARKWAY_CLUSTER_WAIT_S"
 DEFAULT_CLUSTER_WAIT_S = 120.0
 MAX_DEADLINE_ENV = "PARKWAY_MAX_DEADLINE_S"
 DEFAULT_MAX_DEADLINE_S = DEFAULT_MAX_LEASE_S  # a deadline that far ahead still lapses (protocol.phases)
+RECEIPT_RESEND_ENV = "PARKWAY_RECEIPT_RESEND_S"
+RECEIPT_RESEND_MAX_ENV = "PARKWAY_RECEIPT_RESEND_MAX_S"
+RECEIPT_RESENDS_ENV = "PARKWAY_RECEIPT_RESENDS"
+DEFAULT_RESEND_S, DEFAULT_RESEND_MAX_S, DEFAULT_RESENDS = 2.0, 60.0, 30
 
 
 class SettingsError(Exception):
@@ -49,11 +55,11 @@ def max_body_bytes(environ: Mapping[str, str] | None = None) -> int:
 
 def cluster_wait_s(environ: Mapping[str, str] | None = None) -> float:
     """How long a controller waits for its participants to answer: ``PARKWAY_CLUSTER_WAIT_S``, else 120 s."""
-    return _positive_seconds(environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
+    return _seconds(os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
 
 
-def _positive_seconds(environ: Mapping[str, str] | None, name: str, default: float) -> float:
-    text = (os.environ if environ is None else environ).get(name, "").strip()
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "").strip()
     if not text:
         return default
     try:
@@ -67,7 +73,34 @@ def _positive_seconds(environ: Mapping[str, str] | None, name: str, default: flo
 
 def max_deadline_s(environ: Mapping[str, str] | None = None) -> float:
     """How far ahead of now a control command's deadline may be: ``PARKWAY_MAX_DEADLINE_S``, else 3600 s."""
-    return _positive_seconds(environ, MAX_DEADLINE_ENV, DEFAULT_MAX_DEADLINE_S)
+    return _seconds(os.environ if environ is None else environ, MAX_DEADLINE_ENV, DEFAULT_MAX_DEADLINE_S)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptResend:
+    """How an agent resends a receipt nobody acknowledged: the pause doubles from ``first_s`` up to
+    ``max_s``; after ``give_up_after`` resends the receipt is dropped (the controller's stall timeout,
+    or a restore, deals with an attempt whose receipt never arrived)."""
+
+    first_s: float = DEFAULT_RESEND_S
+    max_s: float = DEFAULT_RESEND_MAX_S
+    give_up_after: int = DEFAULT_RESENDS
+
+    def pause(self, resends: int) -> float:
+        """The pause before resend number ``resends + 1``."""
+        return min(self.first_s * 2 ** min(resends, 64), self.max_s)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ReceiptResend:
+        env = os.environ if environ is None else environ
+        first_s = _seconds(env, RECEIPT_RESEND_ENV, DEFAULT_RESEND_S)
+        max_s = _seconds(env, RECEIPT_RESEND_MAX_ENV, max(DEFAULT_RESEND_MAX_S, first_s))
+        if max_s < first_s:
+            raise SettingsError(f"{RECEIPT_RESEND_MAX_ENV}={max_s}: below {RECEIPT_RESEND_ENV}={first_s}")
+        text = env.get(RECEIPT_RESENDS_ENV, "").strip()
+        if text and not text.isdigit():
+            raise SettingsError(f"{RECEIPT_RESENDS_ENV}={text!r}: want a whole number of resends, 0 or more")
+        return cls(first_s=first_s, max_s=max_s, give_up_after=int(text) if text else DEFAULT_RESENDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,6 +102,7 @@ class AgentLiveness:
                     )
                     if isinstance(reply, StatusReport):
                         self._incarnations[address] = (reply.pid, reply.started_at)
+                        self._state.epochs_seen = max(self._state.epochs_seen, reply.epoch)
                     else:
                         still.append(address)
                 except (BrokerError, ProtocolError):

@@ -81,6 +81,7 @@ class Controller(Actor):
         self.liveness = AgentLiveness(
             self.client, self.state, self.counts, self.history, self.retirement, self._wake.set
         )
+        self._acks: asyncio.Task[None] | None = None  # the outbox's, once started
         self.snapshots: SnapshotCoordinator | None = None
         self.stage = "starting"  # what the workload is doing, for progress lines
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
@@ -89,6 +90,21 @@ class Controller(Actor):
         self._config: RunConfig | None = None
         self._tasks: list[Task] = []
         self._expected = 0
+
+    def timeline(self) -> int:
+        # Receipts of an older epoch are the dead timeline's; a fresh run (epoch 1) knows no older one.
+        return self.state.epoch if self.state.epoch > 1 else 0
+
+    async def start(self) -> None:
+        await super().start()
+        # Acks go out whether or not a workload runs: an agent's receipt is answered even then.
+        self._acks = asyncio.get_running_loop().create_task(self.outbox.run())
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._acks is not None:
+            self._acks.cancel()
+            await asyncio.gather(self._acks, return_exceptions=True)
 
     # -- what the snapshots may do (host.SnapshotHost) ----------------------------------------------
     @property
@@ -299,7 +315,7 @@ class Controller(Actor):
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
         self.run_started_at = started
         loop = asyncio.get_running_loop()
-        background = [loop.create_task(self.outbox.run())]
+        background: list[asyncio.Task[None]] = []
         crash: asyncio.Future[None] = loop.create_future()
         background.append(loop.create_task(self._watch_agents(config, dispatcher, crash)))
         if self.snapshots is not None:

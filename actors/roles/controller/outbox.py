@@ -28,15 +28,25 @@ class AckOutbox:
         self._client, self._counts, self._history = client, counts, history
         self._pending: dict[int, list[AttemptRef]] = defaultdict(list)
         self._replica_of: dict[tuple[str, int], int] = {}  # each dispatched attempt's agent replica
+        self._unknown: dict[int, list[AttemptRef]] = defaultdict(list)  # never dispatched: by sender
+
+    def routed(self, key: tuple[str, int]) -> bool:
+        return key in self._replica_of
 
     def route(self, key: tuple[str, int], replica: int) -> None:
         """The agent replica attempt ``key`` was dispatched to: where its receipt's Ack goes."""
         self._replica_of[key] = replica
 
-    def acknowledge(self, key: tuple[str, int]) -> None:
+    def acknowledge(self, key: tuple[str, int], sender: int | None = None) -> None:
+        """Acknowledge ``key`` to the replica it was dispatched to; one this controller never dispatched
+        (another incarnation's, a forged Run's) to ``sender``, the replica its receipt names, so that
+        agent stops resending it."""
+        ref = AttemptRef(rollout_id=key[0], attempt=key[1])
         replica = self._replica_of.get(key)
         if replica is not None:
-            self._pending[replica].append(AttemptRef(rollout_id=key[0], attempt=key[1]))
+            self._pending[replica].append(ref)
+        elif sender is not None:
+            self._unknown[sender].append(ref)
 
     async def flush(self) -> None:
         """One Ack per agent replica for every receipt pending: batched, and a repeat is harmless."""
@@ -52,12 +62,29 @@ class AckOutbox:
             self._history.record(
                 AcksSent(replica=replica, refs=tuple((a.rollout_id, a.attempt) for a in refs))
             )
+        await self._flush_unknown()
+
+    async def _flush_unknown(self) -> None:
+        """Acks of attempts never dispatched, to the replica each receipt named: best effort, one replica
+        at a time, so a receipt naming a replica that does not exist holds up no other Ack."""
+        unknown, self._unknown = self._unknown, defaultdict(list)
+        for replica, refs in unknown.items():
+            try:
+                await self._client.send(
+                    actor_address(Role.AGENT, replica),
+                    Ack(receipts=tuple(refs)),
+                    correlation_id=f"ack-unknown-{time.monotonic_ns()}",
+                )
+            except BrokerError as exc:  # that agent's resends are bounded: it gives the receipt up
+                log.warning("ack_not_sent", replica=replica, error=str(exc))
+                continue
+            self._counts["acks_unknown_sent"] += len(refs)
 
     async def run(self) -> None:
         """Flush every ``ACK_FLUSH_S`` while there is something to send."""
         while True:
             await asyncio.sleep(ACK_FLUSH_S)
-            if self._pending:
+            if self._pending or self._unknown:
                 try:
                     await self.flush()
                 except BrokerError as exc:  # the agents send their receipts again; they are acked again

@@ -1,5 +1,7 @@
 """Receipts from the agents: ``Completed`` seals an attempt (its canonical rows first), ``Failed`` redoes
-it by its group's granularity. Every receipt is acknowledged, stale and duplicate ones included."""
+it by its group's granularity. Every receipt is acknowledged, stale and duplicate ones included, and
+so is one of an attempt this controller never dispatched (counted ``receipts_unknown``): its Ack goes
+to the replica the receipt names, so the agent stops resending it."""
 
 from __future__ import annotations
 
@@ -38,8 +40,17 @@ class Receipts:
         self._outbox, self._retirement, self._wake = outbox, retirement, wake
         self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
 
-    def _acknowledge(self, key: tuple[str, int]) -> None:
-        self._outbox.acknowledge(key)
+    def _acknowledge(self, receipt: Completed | Failed) -> None:
+        key = (receipt.rollout_id, receipt.attempt)
+        if not self._outbox.routed(key):
+            self._counts["receipts_unknown"] += 1
+            log.warning(
+                "receipt_of_unknown_attempt",
+                rollout_id=receipt.rollout_id,
+                attempt=receipt.attempt,
+                replica=receipt.replica,
+            )
+        self._outbox.acknowledge(key, receipt.replica)
         self._wake()
 
     async def completed(self, receipt: Completed) -> None:
@@ -92,11 +103,11 @@ class Receipts:
                 self._counts["receipts_duplicate"] += 1
             else:
                 self._counts["receipts_stale"] += 1
-        self._acknowledge((receipt.rollout_id, receipt.attempt))
+        self._acknowledge(receipt)
 
     async def failed(self, receipt: Failed) -> None:
         await self.fail(receipt)
-        self._acknowledge((receipt.rollout_id, receipt.attempt))
+        self._acknowledge(receipt)
 
     async def fail(self, receipt: Failed) -> None:
         """A failed attempt, reported by its agent or found stalled: redone by its group's granularity."""

@@ -31,6 +31,7 @@ class SnapshotCoordinator:
     """Takes snapshots for one controller and restores the newest one at start."""
 
     def __init__(self, host: SnapshotHost, config: RunConfig, root: Path) -> None:
+        self.host = host
         self.config = config
         self.run = RunDirectory(root / host.run)
         self.metrics = SnapshotMetrics()
@@ -75,7 +76,8 @@ class SnapshotCoordinator:
     # -- trainer checkpoints -----------------------------------------------------------------------
     def write_trainer_checkpoint(self, step: int, *, anchor: ControllerAnchor, state: dict[str, Any]) -> None:
         """The fallback marker (what the trainer consumed so far) and the trainer's state, both durable,
-        before the snapshot attempt anchored at this step."""
+        before the snapshot attempt anchored at this step. Raises OSError (the caller retries)."""
+        self.host.faults.reach("trainer_checkpoint_write", path=self.run.trainer_dir)
         write_trainer_checkpoint(self.run, step, anchor=anchor, state=state)
 
     def mark_completed(self) -> None:

@@ -18,6 +18,9 @@ class RunState:
         self.ledger = Ledger()
         self.policy_version = 0
         self.epoch = 1  # this controller's incarnation: +1 per restore, stamped on every Run
+        # The newest epoch a participant reported: a restore runs above it, so a second restore of
+        # the same snapshot never reuses the epoch of the controller that died after the first.
+        self.epochs_seen = 0
         # The ledger holds the groups in play; the tasks after the cursor have not been admitted yet.
         self.next_task = 0
         self.first_in_play = 0  # restored from an anchor: the groups before it were all trained
@@ -62,9 +65,10 @@ class RunState:
 
     def take_anchor(self, anchor: ControllerAnchor, *, task_count: int) -> None:
         """Continue from a saved anchor (the ledger is taken separately). Its epoch ended with the
-        controller that wrote it: this one runs as the next."""
+        controller that wrote it, and any the participants were restored to since: this one runs
+        as the next."""
         self.policy_version = anchor.policy_version
-        self.epoch = anchor.epoch + 1
+        self.epoch = max(anchor.epoch, self.epochs_seen) + 1
         self.sealed, self.reward_sum = anchor.sealed, anchor.reward_sum
         self.transcripts = anchor.transcripts_sum
         # Before the cursor every task was admitted at the start: all of them are in that ledger.

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
@@ -26,6 +27,7 @@ from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
 from parkway.actors.sdk.trainer import Trainer
 from parkway.brokers.base import Broker, BrokerError
+from parkway.protocol.anchor import ControllerAnchor
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import Role, actor_address, new_checkpoint_id
 from parkway.protocol.layout import ACTOR_STATE_DIR
@@ -48,6 +50,7 @@ log = structlog.get_logger("parkway.controller")
 
 WEIGHTS_TIMEOUT_S = 600.0  # loading a large model's weights from disk takes minutes, not seconds
 TRAINER = actor_address(Role.TRAINER, 0)
+CHECKPOINT_RETRY_CAP_S = 30.0  # the longest pause between tries of a trainer checkpoint's files
 
 
 async def inline_trainer(
@@ -247,7 +250,7 @@ class TrainingHook:
         if self._snapshots is None:
             return
         step = self._counts["train_steps"]
-        self._snapshots.write_trainer_checkpoint(
+        await self._write_checkpoint(
             step,
             anchor=self._state.anchor(self._counts),
             state={"policy_version": self._state.policy_version, "trainer_step": step},
@@ -259,3 +262,29 @@ class TrainingHook:
             # Like a periodic one: the next interval takes a snapshot at this step (meanwhile the
             # fallback marker just written is what a restore would use).
             self._snapshots.check_failure(failure)
+
+    async def _write_checkpoint(self, step: int, *, anchor: ControllerAnchor, state: dict[str, Any]) -> bool:
+        """The fallback marker of ``step``, tried again with a doubling pause when the storage fails; the
+        run goes on meanwhile and after the last try (that step has no marker: a restore falls back
+        to an older one). True when written."""
+        assert self._snapshots is not None
+        trainer = self._config.trainer
+        for tried in range(trainer.checkpoint_retries + 1):
+            try:
+                self._snapshots.write_trainer_checkpoint(step, anchor=anchor, state=state)
+            except OSError as exc:
+                self._counts["trainer_checkpoint_failures"] += 1
+                detail = f"{type(exc).__name__}: {exc}"
+                if tried == trainer.checkpoint_retries:
+                    self._counts["trainer_checkpoints_given_up"] += 1
+                    log.error("trainer_checkpoint_given_up", step=step, tries=tried + 1, detail=detail)
+                    return False
+                pause = min(trainer.checkpoint_retry_s * 2**tried, CHECKPOINT_RETRY_CAP_S)
+                log.warning("trainer_checkpoint_failed", step=step, detail=detail, retry_in_s=pause)
+                await asyncio.sleep(pause)
+                continue
+            self._counts["trainer_checkpoints"] += 1
+            if tried:
+                log.info("trainer_checkpoint_written", step=step, tries=tried + 1)
+            return True
+        return False
