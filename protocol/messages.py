@@ -19,6 +19,7 @@ from parkway.protocol import SCHEMA_VERSION
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import is_valid_checkpoint_id
 from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
+from parkway.protocol.snapshot_failures import SnapshotHealth
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
 # Token ids are vocabulary indices: never negative, and below any vocabulary a model has.
@@ -272,6 +273,7 @@ class StatusReport(Message, frozen=True, kw_only=True):
     started_at: float = 0.0
     handled: int = 0
     counts: dict[str, int] = {}
+    snapshots: SnapshotHealth | None = None  # the controller's: newest snapshot, last failure
 
 
 class Prepared(Message, frozen=True, kw_only=True):

@@ -73,6 +73,7 @@ class Published:
     path: Path  # its ``snapshot_<seq>`` directory
     episodes: int  # rollouts saved
     bytes: int  # every file and the manifest
+    created_at: float  # the manifest's
 
     @property
     def name(self) -> str:
@@ -209,7 +210,7 @@ class SaveSequence:
         )
         self.metrics.published += 1
         host.metrics.snapshot("published")
-        self.metrics.consecutive_failures = 0
+        self.metrics.streak.published(attempt.published.name, attempt.published.created_at)
         history.record(SnapshotDone(checkpoint_id=cid, snapshot=attempt.published.name))
         log.info(
             "snapshot_published",
@@ -226,7 +227,7 @@ class SaveSequence:
         self.host.history.record(SnapshotSkipped(checkpoint_id=attempt.checkpoint_id))
         self.metrics.skipped += 1
         self.host.metrics.snapshot("skipped")
-        self.metrics.consecutive_failures = 0
+        self.metrics.streak.cleared()
         log.info("snapshot_skipped", reason=attempt.skip_reason)
         return Skipped(checkpoint_id=attempt.checkpoint_id, reason=attempt.skip_reason)
 
@@ -242,9 +243,9 @@ class SaveSequence:
         if save_failure_aborts(step):
             await self.abort(attempt, failure)
             self.host.faults.reach("after_abort")
-        self.host.open_gate()
+        self.host.open_gate()  # the rollouts go on while snapshots fail
         self.metrics.failed += 1
-        self.metrics.consecutive_failures += 1
+        self.metrics.streak.failed(failure.step, failure.detail, time.time())
         self.host.metrics.snapshot("failed")
 
     async def abort(self, attempt: SaveAttempt, failure: SnapshotFailure) -> None:
@@ -427,6 +428,7 @@ class SaveSequence:
             path=publication.path,
             episodes=len(attempt.episodes),
             bytes=publication.bytes,
+            created_at=manifest.created_at,
         )
         if self.on_published is not None:
             self.on_published(attempt.published)
