@@ -35,11 +35,10 @@ class FailurePolicy:
     end_after_failing_s: float | None = None  # seconds failing in a row that end the run; None: never
 
     def wait_s(self, consecutive_failures: int) -> float:
-        """Seconds until the next attempt: the interval, doubled per failure in a row, capped."""
-        if consecutive_failures <= 0:
-            return self.interval_s
-        doubled = self.interval_s * 2.0 ** min(consecutive_failures, 32)  # (32: no float overflow)
-        return min(doubled, max(self.backoff_max_s, self.interval_s))
+        """Seconds until the next attempt: the interval after a success or a single failure (a blip
+        retries at the usual cadence), then doubled per further failure in a row, capped."""
+        doublings = min(max(consecutive_failures - 1, 0), 32)  # (32: no float overflow)
+        return min(self.interval_s * 2.0**doublings, max(self.backoff_max_s, self.interval_s))
 
 
 @dataclass

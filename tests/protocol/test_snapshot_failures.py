@@ -7,7 +7,7 @@ from parkway.protocol.snapshot_failures import FailurePolicy, FailureStreak, Sna
 
 def test_the_wait_doubles_from_the_interval_and_is_capped() -> None:
     policy = FailurePolicy(interval_s=2.0, backoff_max_s=30.0)
-    assert [policy.wait_s(n) for n in range(7)] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert [policy.wait_s(n) for n in range(8)] == [2.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert policy.wait_s(10_000) == 30.0  # (no overflow)
     # A cap below the interval never makes a retry come sooner than the interval.
     assert FailurePolicy(interval_s=60.0, backoff_max_s=10.0).wait_s(3) == 60.0

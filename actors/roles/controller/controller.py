@@ -320,6 +320,7 @@ class Controller(Actor):
                 waiter.cancel()
             await self.outbox.flush()
             if self.snapshots is not None:
+                await self.snapshots.settle_abort()
                 self.snapshots.mark_completed()
         finally:
             await training.stop()

@@ -64,6 +64,10 @@ class SnapshotCoordinator:
         """One snapshot attempt (see ``SaveSequence.save``). Raises SnapshotFailure."""
         return await self.saver.save(force=force, checkpoint_id=checkpoint_id)
 
+    async def settle_abort(self) -> None:
+        """Wait for an abort round still in flight (the run's end: every participant hears it)."""
+        await self.saver.settle_abort()
+
     async def restore_if_any(self) -> bool:
         """Restore the newest valid snapshot of this run, if there is one. True when restored."""
         return await self.restorer.restore_if_any()
