@@ -2,8 +2,9 @@
 
 Unknown keys are refused with their dotted path; cross-field rules are checked before anything starts.
 Keys mirror NeMo RL's where they exist (``snapshot_interval_s``, ``prepare_timeout_s``,
-``keep_latest_k``, ``restore_mode``, ``recovery.target_level``, ``recovery.default_granularity``);
-what failed snapshots may do to a run is ``snapshots.*``.
+``max_consecutive_failures``, ``keep_latest_k``, ``restore_mode``, ``recovery.target_level``,
+``recovery.default_granularity``); what failed snapshots may do to a run is ``snapshots.*``
+(``max_consecutive_failures`` is ``snapshots.end_after_failures``, null by default).
 
 Environment overrides: ``PARKWAY_CFG__ROLLOUT__GROUP_SIZE=4`` sets ``rollout.group_size`` (the value is
 read as a YAML scalar, so ``4`` is an int and ``true`` a bool).
@@ -154,11 +155,7 @@ def load(path: str | Path | None = None, *, environ: dict[str, str] | None = Non
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:
-    if "max_consecutive_failures" in data:  # an earlier key, whose default (3) ended runs on short outages
-        raise ConfigError(
-            "max_consecutive_failures: replaced by snapshots.end_after_failures (default null: failed "
-            "snapshots back off and retry, and never end the run)"
-        )
+    data = _nemo_failure_limit(data)
     try:
         config = msgspec.convert(data, RunConfig)
     except msgspec.ValidationError as exc:
@@ -192,6 +189,22 @@ def _dotted(message: str) -> str:
         path = f"{path}.{unknown[1]}" if path else unknown[1]
         text = "unknown key"
     return f"{path or '(top level)'}: {text}"
+
+
+def _nemo_failure_limit(data: dict[str, Any]) -> dict[str, Any]:
+    """``max_consecutive_failures``, NeMo RL's name, is ``snapshots.end_after_failures`` when set
+    (not by default: failed snapshots never end a run unless the operator says so)."""
+    if "max_consecutive_failures" not in data:
+        return data
+    data = dict(data)
+    limit = data.pop("max_consecutive_failures")
+    section = data.get("snapshots")
+    if isinstance(section, dict) and "end_after_failures" in section:
+        raise ConfigError(
+            "max_consecutive_failures: the same as snapshots.end_after_failures, which is set too: keep one"
+        )
+    data["snapshots"] = {**(section if isinstance(section, dict) else {}), "end_after_failures": limit}
+    return data
 
 
 def check(config: RunConfig) -> None:

@@ -20,11 +20,13 @@ def test_defaults_mirror_nemo_keys() -> None:
     assert (config.snapshots.end_after_failures, config.snapshots.end_after_failing_s) == (None, None)
 
 
-def test_the_old_failure_limit_key_names_its_replacement() -> None:
-    with pytest.raises(
-        ConfigError, match=r"^max_consecutive_failures: replaced by snapshots.end_after_failures"
-    ):
-        from_dict({"max_consecutive_failures": 3})
+def test_nemos_failure_limit_key_is_the_snapshots_end_after_failures() -> None:
+    assert from_dict({"max_consecutive_failures": 3}).snapshots.end_after_failures == 3
+    assert from_dict({"max_consecutive_failures": None}).snapshots.end_after_failures is None
+    with pytest.raises(ConfigError, match=r"^max_consecutive_failures: the same as snapshots.end_after"):
+        from_dict({"max_consecutive_failures": 3, "snapshots": {"end_after_failures": 4}})
+    with pytest.raises(ConfigError, match=r"snapshots.end_after_failures: must be >= 1 or null"):
+        from_dict({"max_consecutive_failures": 0})
 
 
 @pytest.mark.parametrize(
