@@ -19,6 +19,7 @@ from parkway.protocol import SCHEMA_VERSION, ranges
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import is_valid_checkpoint_id
 from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
+from parkway.protocol.snapshot_failures import SnapshotHealth
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
 MAX_TOKEN_ID = ranges.MAX_TOKEN_ID  # numeric fields are typed with their ranges, checked at decode
@@ -258,6 +259,7 @@ class StatusReport(Message, frozen=True, kw_only=True):
     handled: ranges.Count = 0
     counts: dict[str, int] = {}
     epoch: Epoch = 0  # a participant's: the newest epoch a Restore named
+    snapshots: SnapshotHealth | None = None  # the controller's: newest snapshot, last failure
 
 
 class Prepared(Message, frozen=True, kw_only=True):

@@ -3,7 +3,8 @@
 Unknown keys are refused with their dotted path; cross-field rules are checked before anything starts.
 Keys mirror NeMo RL's where they exist (``snapshot_interval_s``, ``prepare_timeout_s``,
 ``max_consecutive_failures``, ``keep_latest_k``, ``restore_mode``, ``recovery.target_level``,
-``recovery.default_granularity``).
+``recovery.default_granularity``); what failed snapshots may do to a run is ``snapshots.*``
+(``max_consecutive_failures`` is ``snapshots.end_after_failures``, null by default).
 
 Environment overrides: ``PARKWAY_CFG__ROLLOUT__GROUP_SIZE=4`` sets ``rollout.group_size`` (the value is
 read as a YAML scalar, so ``4`` is an int and ``true`` a bool).
@@ -95,6 +96,17 @@ class FaultsConfig(_Section, frozen=True):
     failure_rate: float = 0.0  # every attempt fails with this probability (seeded, reproducible)
 
 
+class SnapshotsConfig(_Section, frozen=True):
+    """What failed snapshots do to the run (``protocol/snapshot_failures.py``): by default nothing but
+    back off and retry; ending the run is the operator's choice."""
+
+    end_after_failures: int | None = None  # transient failures in a row that end the run; None: never
+    end_after_failing_s: float | None = None  # seconds of failures in a row that end the run; None: never
+    backoff_max_s: float = (
+        300.0  # the longest wait between attempts after failures (doubling from the interval)
+    )
+
+
 class TopologyConfig(_Section, frozen=True):
     agents: int = 2
     resources: int = 2
@@ -116,7 +128,7 @@ class RunConfig(_Section, frozen=True):
     topology: TopologyConfig = TopologyConfig()
     snapshot_interval_s: float = 120.0
     prepare_timeout_s: float = 30.0
-    max_consecutive_failures: int = 3
+    snapshots: SnapshotsConfig = SnapshotsConfig()
     keep_latest_k: int = 2
     restore_mode: Literal["latest"] = "latest"
     snapshot_root: str = ".parkway/snapshots"
@@ -148,6 +160,7 @@ def load(path: str | Path | None = None, *, environ: dict[str, str] | None = Non
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:
+    data = _nemo_failure_limit(data)
     try:
         config = msgspec.convert(data, RunConfig)
     except msgspec.ValidationError as exc:
@@ -183,6 +196,22 @@ def _dotted(message: str) -> str:
     return f"{path or '(top level)'}: {text}"
 
 
+def _nemo_failure_limit(data: dict[str, Any]) -> dict[str, Any]:
+    """``max_consecutive_failures``, NeMo RL's name, is ``snapshots.end_after_failures`` when set
+    (not by default: failed snapshots never end a run unless the operator says so)."""
+    if "max_consecutive_failures" not in data:
+        return data
+    data = dict(data)
+    limit = data.pop("max_consecutive_failures")
+    section = data.get("snapshots")
+    if isinstance(section, dict) and "end_after_failures" in section:
+        raise ConfigError(
+            "max_consecutive_failures: the same as snapshots.end_after_failures, which is set too: keep one"
+        )
+    data["snapshots"] = {**(section if isinstance(section, dict) else {}), "end_after_failures": limit}
+    return data
+
+
 def check(config: RunConfig) -> None:
     """Cross-field rules, each naming its keys."""
     problems = []
@@ -198,7 +227,6 @@ def check(config: RunConfig) -> None:
         ("topology.resources", config.topology.resources),
         ("trainer.batch_groups", config.trainer.batch_groups),
         ("keep_latest_k", config.keep_latest_k),
-        ("max_consecutive_failures", config.max_consecutive_failures),
     ):
         if value < 1:
             problems.append(f"{key}: must be >= 1, got {value}")
@@ -224,6 +252,17 @@ def check(config: RunConfig) -> None:
         problems.append("resources.tool_delay_s: must be >= 0")
     if config.snapshot_interval_s <= 0 or config.prepare_timeout_s <= 0:
         problems.append("snapshot_interval_s and prepare_timeout_s: must be > 0")
+    failures = config.snapshots
+    if failures.end_after_failures is not None and failures.end_after_failures < 1:
+        problems.append(
+            f"snapshots.end_after_failures: must be >= 1 or null (never), got {failures.end_after_failures}"
+        )
+    if failures.end_after_failing_s is not None and failures.end_after_failing_s <= 0:
+        problems.append(
+            f"snapshots.end_after_failing_s: must be > 0 or null (never), got {failures.end_after_failing_s}"
+        )
+    if failures.backoff_max_s <= 0:
+        problems.append(f"snapshots.backoff_max_s: must be > 0, got {failures.backoff_max_s}")
     if config.policy.engine == "vllm" and not config.policy.model:
         problems.append(
             "policy.model: the vllm engine needs a model directory (parkway model build DIR makes one)"

@@ -18,6 +18,9 @@ and by role:
     parkway_snapshot_pause_seconds           controller: admission-closed window of each snapshot
     parkway_snapshot_phase_seconds{step}     controller: duration of each save step
     parkway_snapshots_total{outcome}         controller: published | failed | skipped
+    parkway_snapshot_age_seconds             controller: age of the newest published snapshot (NaN: none)
+    parkway_snapshot_consecutive_failures    controller: snapshot attempts failed in a row
+    parkway_snapshot_last_failure_timestamp_seconds  controller: when the last one failed (0: never)
     parkway_restores_total                   controller: restores done at start
 
 A process serves the registries of all the actors it hosts, merged, plus its broker connection's
@@ -98,6 +101,7 @@ class ActorMetrics:
         self._snapshot_steps: Any = None  # the histogram; its children are made per step
         self._snapshots: dict[str, Any] = {}
         self._restores: Any = None
+        self._gauges: dict[str, Any] = {}  # name -> the gauge's child, read when scraped
 
     def _metric(self, kind: type, name: str, documentation: str, labelnames: tuple[str, ...] = ()) -> Any:
         extra: dict[str, Any] = {"buckets": DURATION_BUCKETS} if kind is Histogram else {}
@@ -119,8 +123,12 @@ class ActorMetrics:
         self._errors[code].inc()
 
     def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """A gauge read when scraped (``read`` runs in the HTTP server's thread: keep it a plain read)."""
-        self._child(self._metric(Gauge, name, documentation)).set_function(read)
+        """A gauge read when scraped (``read`` runs in the HTTP server's thread: keep it a plain read).
+        Registering a name again rebinds it (a controller that runs its workload again)."""
+        child = self._gauges.get(name)
+        if child is None:
+            child = self._gauges[name] = self._child(self._metric(Gauge, name, documentation))
+        child.set_function(read)
 
     def counter(self, name: str, documentation: str) -> Any:
         """A counter of this actor's (``inc()`` it)."""

@@ -1,11 +1,14 @@
 """Every problem of one snapshot on disk, not just the first.
 
-``check_snapshot`` finds them all: the manifest cannot be read, is not JSON or does not fit its schema;
-a listed file is missing, has another size (truncated) or another sha256 (flipped bits); a file on disk
-is not listed; the manifest names another run, another sequence number, or lists a file written under
-another checkpoint id; a file holds another number of records than listed; the ledger disagrees with
-the saved episodes; a saved turn references a staging row TQ did not capture. The checks a restore
-makes before it picks a snapshot (``storage.select.verify_snapshot``) are the subset ``deep=False``.
+``check_snapshot`` finds them all: a symlink anywhere in the snapshot (file or directory, or the
+snapshot directory itself: nothing is read through one); the manifest cannot be read, is not JSON or
+does not fit its schema; a listed file is missing, has another size (truncated) or another sha256
+(flipped bits); a file on disk is not listed; the manifest names another run, another sequence number,
+or lists a file written under another checkpoint id; a file holds another number of records than
+listed; the ledger disagrees with the saved episodes; a saved turn references a staging row TQ did not
+capture. It is the one check: ``parkway snapshots verify``, ``parkway snapshots list`` and the
+restore's choice (``storage.select.verify_snapshot``) all call it, so a snapshot verify calls ok is
+one a restore can start from, and one that fails is passed over by both.
 
 Read-only: nothing here writes, renames or deletes.
 """
@@ -55,22 +58,7 @@ class Kind(StrEnum):
     RECORDS = "records"  # a file holds another number of records than listed, or is not MessagePack
     LEDGER = "ledger"  # the ledger cannot be loaded, or disagrees with the saved episodes
     STAGING = "staging"  # saved turns reference staging rows that TQ's capture does not hold
-
-
-# What a restore checks before it picks a snapshot (``verify_snapshot``): the manifest (of this run),
-# the digests, and the ledger it loads (it is listed, it loads, it agrees with the saved episodes).
-RESTORE_KINDS = frozenset(
-    {
-        Kind.UNREADABLE,
-        Kind.NOT_JSON,
-        Kind.SCHEMA,
-        Kind.MISSING,
-        Kind.SIZE,
-        Kind.DIGEST,
-        Kind.OTHER_RUN,
-        Kind.LEDGER,
-    }
-)
+    SYMLINK = "symlink"  # a symlink in the snapshot (or the snapshot directory is one): never read through
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +120,38 @@ def read_manifest(directory: Path) -> tuple[dict[str, Any] | None, list[Problem]
     return manifest, []
 
 
-def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
-    """Every problem of the snapshot in ``directory``; empty when it verifies.
+def symlinks_in(directory: Path) -> dict[str, str]:
+    """Every symlink in the snapshot ``directory`` (``.`` when it is one itself), relative path to
+    where it points. Nothing below a directory symlink is looked at: it is not the snapshot's."""
+    if directory.is_symlink():
+        return {".": os.readlink(directory)}
+    found: dict[str, str] = {}
+    for parent, dirs, names in os.walk(directory):  # (os.walk never descends into a directory link)
+        for entry in sorted(dirs + names):
+            path = Path(parent) / entry
+            if path.is_symlink():
+                found[path.relative_to(directory).as_posix()] = os.readlink(path)
+    return found
 
-    ``deep=False`` makes only the checks a restore makes before it picks a snapshot: the manifest
-    reads, fits its schema and names this run, every listed file is there with its size and sha256,
-    and the ledger is listed, loads and agrees with the saved episodes."""
+
+def _under_symlink(relative: str, links: dict[str, str]) -> bool:
+    parts = Path(relative).parts
+    return any("/".join(parts[: i + 1]) in links for i in range(len(parts)))
+
+
+def check_snapshot(directory: Path) -> list[Problem]:
+    """Every problem of the snapshot in ``directory``; empty when it verifies (and a restore may
+    start from it, the configuration permitting: ``storage.select``)."""
     name = directory.name
-    manifest, problems = read_manifest(directory)
+    links = symlinks_in(directory)
+    problems = [
+        Problem(name, relative, Kind.SYMLINK, f"is a symlink (to {target})")
+        for relative, target in sorted(links.items())
+    ]
+    if "." in links or _under_symlink(MANIFEST, links):
+        return problems
+    manifest, unreadable = read_manifest(directory)
+    problems += unreadable
     if manifest is None:
         return problems
 
@@ -168,7 +180,7 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
                 "a manifest from another run",
             )
         )
-    if deep and head is not None and name != snapshot_dir_name(head.seq):
+    if head is not None and name != snapshot_dir_name(head.seq):
         problems.append(
             Problem(name, MANIFEST, Kind.SEQUENCE, f"says seq {head.seq}, but its directory is {name}")
         )
@@ -214,7 +226,7 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
             problems.append(Problem(name, entry.path, Kind.SCHEMA, "is listed twice"))
         else:
             entries.append(entry)
-            if deep and head is not None and entry.checkpoint_id != head.checkpoint_id:
+            if head is not None and entry.checkpoint_id != head.checkpoint_id:
                 problems.append(
                     Problem(
                         name,
@@ -228,6 +240,8 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
     intact: set[str] = set()  # listed files that are there with their size and digest
     for entry in entries:
         path = directory / entry.path
+        if _under_symlink(entry.path, links):
+            continue  # (the symlink is the problem reported; nothing is read through it)
         if not path.exists():
             problems.append(Problem(name, entry.path, Kind.MISSING, "is missing"))
             continue
@@ -260,8 +274,6 @@ def check_snapshot(directory: Path, *, deep: bool = True) -> list[Problem]:
         )
     if LEDGER in intact:
         problems += _check_ledger(directory, head)
-    if not deep:
-        return problems
 
     on_disk = files_on_disk(directory)
     for stray in sorted(set(on_disk) - listed - {MANIFEST, LEDGER}):

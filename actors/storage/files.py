@@ -49,11 +49,12 @@ def replace_durably(path: Path, data: bytes) -> None:
 
 
 def files_on_disk(directory: Path) -> dict[str, int]:
-    """Every regular file under ``directory``: its path relative to it, and its size."""
+    """Every regular file under ``directory``: its path relative to it, and its size (a symlink is
+    none: ``storage.checks`` reports it)."""
     found: dict[str, int] = {}
     for parent, _, names in os.walk(directory):
         for name in names:
             path = Path(parent) / name
-            if path.is_file():
+            if not path.is_symlink() and path.is_file():
                 found[path.relative_to(directory).as_posix()] = path.stat().st_size
     return found

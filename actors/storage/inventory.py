@@ -165,13 +165,13 @@ class RunInventory:
 
 
 def describe(directory: Path, seq: int) -> SnapshotInfo:
-    """One snapshot with the checks a restore makes (``deep=False``): cheap enough for a listing."""
+    """One snapshot, judged by the check a restore and ``snapshots verify`` make."""
     raw, _ = read_manifest(directory)
     try:
         manifest = parse_manifest(raw) if raw is not None else None
     except msgspec.ValidationError:
         manifest = None
-    problems = check_snapshot(directory, deep=False)
+    problems = check_snapshot(directory)
     on_disk = files_on_disk(directory)
     created = (
         manifest.created_at if manifest else _get(raw, "created_at", float) or _get(raw, "created_at", int)

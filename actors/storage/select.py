@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from parkway.actors.storage.checks import RESTORE_KINDS, check_snapshot, read_manifest
+from parkway.actors.storage.checks import check_snapshot, read_manifest
 from parkway.actors.storage.runs import list_snapshots
 from parkway.protocol.layout import MANIFEST
 from parkway.protocol.manifest import Manifest, ManifestHead, decode_manifest
@@ -24,10 +24,10 @@ class NoValidSnapshot(SnapshotInvalid):
 
 
 def verify_snapshot(directory: Path) -> Manifest:
-    """The manifest of a snapshot whose manifest reads and fits its schema and whose every listed file
-    exists with its size and sha256. Raises ``SnapshotInvalid`` with the first problem found
-    (``storage.checks.check_snapshot`` lists them all)."""
-    problems = [p for p in check_snapshot(directory, deep=False) if p.kind in RESTORE_KINDS]
+    """The manifest of a snapshot that passes ``storage.checks.check_snapshot``, the very check
+    ``parkway snapshots verify`` makes. Raises ``SnapshotInvalid`` with the first problem found
+    (``check_snapshot`` lists them all)."""
+    problems = check_snapshot(directory)
     if problems:
         raise SnapshotInvalid(problems[0].message)
     return decode_manifest((directory / MANIFEST).read_bytes())

@@ -106,6 +106,27 @@ def _ago(then: float | None, now: float) -> str:
     return f"{seconds:.1f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
+def snapshot_note(health: dict[str, Any] | None, now: float) -> str:
+    """The controller's snapshots, in a few words: the newest one's age, the failures in a row and the
+    last failure (its step, when, why)."""
+    if not health:
+        return ""
+    newest = health.get("newest_snapshot")
+    parts = [
+        f"newest {newest}, {_ago(health.get('newest_published_at'), now)}" if newest else "no snapshot yet"
+    ]
+    failures = health.get("consecutive_failures") or 0
+    if failures:
+        parts.append(f"{failures} failed in a row")
+    if health.get("last_failure_at") is not None:
+        reason = str(health.get("last_failure_reason") or "")
+        reason = reason if len(reason) <= 80 else reason[:77] + "..."
+        parts.append(
+            f"last failure at {health.get('last_failure_step')} {_ago(health['last_failure_at'], now)}: {reason}"
+        )
+    return "; ".join(parts)
+
+
 def table(rows: list[dict[str, Any]], *, now: float | None = None) -> str:
     now = time.time() if now is None else now
     header = (
@@ -117,7 +138,11 @@ def table(rows: list[dict[str, Any]], *, now: float | None = None) -> str:
         lease = row.get("lease_expires_at")
         lease_text = f"{lease - now:.1f}s" if lease else "-"
         in_flight = row.get("in_flight")
-        note = "" if row["reachable"] else f"no reply: {row.get('error', '')}"
+        note = (
+            snapshot_note(row.get("snapshots"), now)
+            if row["reachable"]
+            else f"no reply: {row.get('error', '')}"
+        )
         lines.append(
             f"{row['role']:<10} {row['replica']:>7} {row.get('phase') or '?':<10} "
             f"{row.get('checkpoint_id') or '-':<34} {lease_text:>7} "

@@ -73,16 +73,22 @@ async def test_a_transient_participant_error_is_retried_not_fatal(tmp_path: Path
     assert summary.rollouts_sealed == 6
 
 
-async def test_three_transient_failures_in_a_row_end_the_run_with_the_reason(
+async def test_transient_failures_in_a_row_end_the_run_only_when_configured(
     tmp_path: Path, monkeypatch
 ) -> None:
     async def always(self: Agent) -> ParkReport:
         raise ProtocolError(ErrorCode.UNAVAILABLE, "injected 500")
 
     monkeypatch.setattr(Agent, "wait_until_parked", always)
+    slow = {"host": "inline", "per_token_delay_s": 0.002}
     with pytest.raises(RuntimeError) as info:
-        await run(tmp_path, policy={"host": "inline", "per_token_delay_s": 0.002})
-    assert "3 snapshots failed in a row" in str(info.value) and "injected 500" in str(info.value)
+        await run(tmp_path / "limited", policy=slow, snapshots={"end_after_failures": 3})
+    assert "3 snapshots failed in a row (snapshots.end_after_failures)" in str(info.value)
+    assert "injected 500" in str(info.value)
+    # The default: every snapshot fails, and the run it exists to protect completes anyway.
+    summary = await run(tmp_path / "default", policy=slow, snapshots={"backoff_max_s": 0.05})
+    assert summary.snapshots_failed >= 3 and summary.snapshots_published == 0
+    assert summary.rollouts_sealed == summary.rollouts_expected and summary.rollouts_failed == 0
 
 
 async def test_prompt_group_does_not_deadlock_snapshots(tmp_path: Path) -> None:

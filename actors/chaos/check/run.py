@@ -16,7 +16,7 @@ class RunHistory:
     """The records of one run, and its snapshots as found on disk."""
 
     records: list[Record]
-    # snapshot directory name -> problems a deep check found (empty: it verifies)
+    # snapshot directory name -> problems the check found (empty: it verifies)
     snapshots: dict[str, list[str]] = field(default_factory=dict)
     chaos: bool = False  # a chaos run must show faults, and work after each one
 
@@ -27,7 +27,7 @@ def load_run(state_root: Path, run: str, *, chaos: bool = False) -> RunHistory:
     if not directory.is_dir():
         raise FileNotFoundError(f"no history of run {run!r} under {state_root} (was {HISTORY_ENV}=1 set?)")
     snapshots = {
-        path.name: [p.message for p in check_snapshot(path, deep=True)]
+        path.name: [p.message for p in check_snapshot(path)]
         for _, path in list_snapshots(state_root / SNAPSHOTS_DIR / run)
     }
     return RunHistory(read_history(directory), snapshots, chaos)

@@ -336,6 +336,7 @@ class Controller(Actor):
                 waiter.cancel()
             await self.outbox.flush()
             if self.snapshots is not None:
+                await self.snapshots.settle_abort()
                 self.snapshots.mark_completed()
         finally:
             await training.stop()
@@ -353,6 +354,10 @@ class Controller(Actor):
             counts=self.counts,
             metrics=self.snapshots.metrics if self.snapshots is not None else SnapshotMetrics(),
         )
+
+    def status_extras(self) -> dict[str, Any]:
+        """``parkway status`` and the heartbeat: how the snapshots stand (newest, last failure)."""
+        return {"snapshots": self.snapshots.health()} if self.snapshots is not None else {}
 
     def progress(self) -> dict[str, Any]:
         """Where the workload stands, cheaply: for a progress line, never for decisions."""
@@ -401,7 +406,8 @@ class Controller(Actor):
         assert self.snapshots is not None
         try:
             while True:
-                await asyncio.sleep(config.snapshot_interval_s)
+                # The interval, or after failures a back-off: the rollouts go on meanwhile.
+                await asyncio.sleep(self.snapshots.next_wait_s())
                 await self.take_snapshot(stop_after)
         except Exception as exc:  # surfaced in the run loop: a run never ends silently
             if not crash.done():
@@ -409,8 +415,8 @@ class Controller(Actor):
 
     async def take_snapshot(self, stop_after: int | None = None) -> Published | None:
         """One snapshot now: what it published, or None (skipped, failed, or ``stop_after`` reached).
-        Transient failures count towards ``max_consecutive_failures``; an invariant violation ends the
-        run at once, naming what broke."""
+        A transient failure is retried after a back-off (it ends the run only as ``snapshots.*``
+        configures); an invariant violation ends the run at once, naming what broke."""
         assert self.snapshots is not None and self._config is not None
         if stop_after is not None and self.snapshots.metrics.published >= stop_after:
             return None

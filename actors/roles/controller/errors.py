@@ -18,5 +18,6 @@ class ClusterUnavailable(TimeoutError):
 
 class SnapshotsEnded(RuntimeError):
     """Snapshots can no longer protect the run, so it stops: an invariant broke (the message names
-    it), or ``max_consecutive_failures`` attempts failed in a row. Starting the run again restores the
-    newest snapshot that verifies."""
+    it), or failures went on as long as ``snapshots.end_after_failures`` or ``end_after_failing_s``
+    allow (by default they never end a run). Starting the run again restores the newest snapshot that
+    verifies."""

@@ -7,6 +7,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from parkway.protocol.snapshot_failures import FailureStreak
+
 
 class SnapshotRecord(TypedDict):
     """One published snapshot."""
@@ -24,7 +26,7 @@ class SnapshotMetrics:
     published: int = 0
     failed: int = 0
     skipped: int = 0
-    consecutive_failures: int = 0
+    streak: FailureStreak = field(default_factory=FailureStreak)  # failures in a row, the newest snapshot
     pause_ms: list[float] = field(default_factory=list)
     phases_ms: dict[str, list[float]] = field(default_factory=dict)
     restores: int = 0

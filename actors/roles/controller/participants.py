@@ -26,6 +26,7 @@ from parkway.protocol.snapshot import SnapshotFailure, Stage
 log = structlog.get_logger("parkway.snapshots")
 
 RESUME_RETRIES = 5
+ABORT_WITHIN_S = 5.0  # how long an abort round waits for a participant (it runs with the gate open)
 T = TypeVar("T")
 
 
@@ -132,9 +133,18 @@ class Participants:
             log.warning("published_release_pending", participant=address, attempt=attempt + 1)
             await anyio.sleep(0.2 * (attempt + 1))
 
-    async def abort_everywhere(self, checkpoint_id: str, reason: str) -> None:
-        """Abort ``checkpoint_id`` on every participant at once (fencing it there); one that cannot be
-        reached or refuses is not waited for: its lease lapses, and the id stays fenced where it ended."""
-        deadline = time.time() + 5
-        abort = Abort(checkpoint_id=checkpoint_id, deadline=deadline, reason=reason)
-        await settle_all([partial(self._host.client.request, a, abort) for a in self.everyone()])
+    async def abort_everywhere(
+        self, checkpoint_id: str, reason: str, *, within_s: float = ABORT_WITHIN_S
+    ) -> None:
+        """Abort ``checkpoint_id`` on every participant at once (fencing it there), each answer logged
+        (``abort_acknowledged``, or ``abort_unanswered``). Bounded: one that is not reached within
+        ``within_s`` or refuses is not waited for further; its lease lapses (the prepare deadline
+        has passed), and the id stays fenced where it ended."""
+        abort = Abort(checkpoint_id=checkpoint_id, deadline=time.time() + within_s, reason=reason)
+        addresses = self.everyone()
+        replies = await settle_all([partial(self._host.client.request, a, abort) for a in addresses])
+        for address, reply in zip(addresses, replies, strict=True):
+            if isinstance(reply, Exception | Error):
+                log.warning("abort_unanswered", participant=address, error=str(reply))
+            else:
+                log.info("abort_acknowledged", participant=address)

@@ -269,6 +269,8 @@ class RestoreSequence:
         self.metrics.restores += 1
         self.host.metrics.restored()
         self.metrics.rollouts_restored += len(attempt.continuation.continued)
+        assert attempt.manifest is not None
+        self.metrics.streak.published(attempt.path.name, attempt.manifest.created_at)  # the newest snapshot
         await self.saver.remember_progress()
         log.info("restore_done", snapshot=attempt.path.name, continued=len(attempt.continuation.continued))
         self.host.history.record(RestoreDone(restore_id=attempt.restore_id, snapshot=attempt.path.name))

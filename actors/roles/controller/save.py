@@ -9,6 +9,7 @@ skipped.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -73,6 +74,7 @@ class Published:
     path: Path  # its ``snapshot_<seq>`` directory
     episodes: int  # rollouts saved
     bytes: int  # every file and the manifest
+    created_at: float  # the manifest's
 
     @property
     def name(self) -> str:
@@ -128,6 +130,7 @@ class SaveSequence:
         self.config_fingerprint = config_fingerprint
         self.last_progress: Progress | None = None
         self.on_published: Callable[[Published], None] | None = None  # a test hook
+        self.aborting: asyncio.Task[None] | None = None  # the last aborted snapshot's abort round
 
     async def progress(self) -> Progress:
         boundaries = 0
@@ -154,6 +157,7 @@ class SaveSequence:
         """One snapshot attempt. Raises SnapshotFailure. ``force`` takes it even when nothing moved (a
         trainer checkpoint needs its own snapshot); ``checkpoint_id`` names it (``parkway snapshot
         --checkpoint-id``), a fresh id otherwise."""
+        await self.settle_abort()  # (before anything of this snapshot: the gate is open meanwhile)
         cid = checkpoint_id or new_checkpoint_id("ck")
         self.participants.began = time.time()
         seq = self.run.next_seq()
@@ -209,7 +213,7 @@ class SaveSequence:
         )
         self.metrics.published += 1
         host.metrics.snapshot("published")
-        self.metrics.consecutive_failures = 0
+        self.metrics.streak.published(attempt.published.name, attempt.published.created_at)
         history.record(SnapshotDone(checkpoint_id=cid, snapshot=attempt.published.name))
         log.info(
             "snapshot_published",
@@ -226,7 +230,7 @@ class SaveSequence:
         self.host.history.record(SnapshotSkipped(checkpoint_id=attempt.checkpoint_id))
         self.metrics.skipped += 1
         self.host.metrics.snapshot("skipped")
-        self.metrics.consecutive_failures = 0
+        self.metrics.streak.cleared()
         log.info("snapshot_skipped", reason=attempt.skip_reason)
         return Skipped(checkpoint_id=attempt.checkpoint_id, reason=attempt.skip_reason)
 
@@ -240,19 +244,44 @@ class SaveSequence:
             )
         )
         if save_failure_aborts(step):
-            await self.abort(attempt, failure)
-            self.host.faults.reach("after_abort")
+            self._abort_decided(attempt, failure)
+        # Open as soon as the abort is decided: the rollouts go on while the Aborts are in flight
+        # (a stopped participant must not hold admission closed) and while snapshots fail.
         self.host.open_gate()
         self.metrics.failed += 1
-        self.metrics.consecutive_failures += 1
+        self.metrics.streak.failed(failure.step, failure.detail, time.time())
         self.host.metrics.snapshot("failed")
 
-    async def abort(self, attempt: SaveAttempt, failure: SnapshotFailure) -> None:
-        """Abort under the same id everywhere (fencing it), delete the temporary directory."""
+    def _abort_decided(self, attempt: SaveAttempt, failure: SnapshotFailure) -> None:
+        """The snapshot is aborted: its temporary directory goes now, and the abort round (``abort``)
+        runs in the background under the same id, so the gate need not wait for it."""
         log.warning("snapshot_aborted", step=failure.step, detail=failure.detail, transient=failure.transient)
         self.host.history.record(SnapshotAborted(checkpoint_id=attempt.checkpoint_id, step=failure.step))
+        shutil.rmtree(attempt.tmp, ignore_errors=True)
+        self.aborting = asyncio.get_running_loop().create_task(self._abort_round(attempt, failure))
+
+    async def _abort_round(self, attempt: SaveAttempt, failure: SnapshotFailure) -> None:
+        with structlog.contextvars.bound_contextvars(checkpoint_id=attempt.checkpoint_id):
+            await self.abort(attempt, failure)
+            log.info("abort_round_ended")
+            self.host.faults.reach("after_abort")
+
+    async def abort(self, attempt: SaveAttempt, failure: SnapshotFailure) -> None:
+        """Abort under the same id everywhere (fencing it), bounded; delete the temporary directory
+        again (a participant that was slow may have written into it since)."""
         await self.participants.abort_everywhere(attempt.checkpoint_id, str(failure))
         shutil.rmtree(attempt.tmp, ignore_errors=True)
+
+    async def settle_abort(self) -> None:
+        """Wait for the abort round of the last aborted snapshot (bounded; the gate is open): a
+        participant still prepared for that id would refuse to prepare another (``checkpoint_conflict``).
+        Raises what the round raised."""
+        task, self.aborting = self.aborting, None
+        if task is None:
+            return
+        if not task.done():
+            log.info("snapshot_waits_for_abort_round")
+        await task
 
     # -- the steps ------------------------------------------------------------------------------------
     async def close_gate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
@@ -427,6 +456,7 @@ class SaveSequence:
             path=publication.path,
             episodes=len(attempt.episodes),
             bytes=publication.bytes,
+            created_at=manifest.created_at,
         )
         if self.on_published is not None:
             self.on_published(attempt.published)

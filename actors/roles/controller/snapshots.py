@@ -7,10 +7,12 @@ The save is ``save.py`` and the restore ``restore.py``; both reach the controlle
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import structlog
 from parkway.actors.roles.controller.errors import SnapshotsEnded
 from parkway.actors.roles.controller.fingerprints import config_fingerprint
 from parkway.actors.roles.controller.host import SnapshotHost
@@ -23,8 +25,9 @@ from parkway.actors.storage.runs import RunDirectory
 from parkway.actors.storage.trainer import write_trainer_checkpoint
 from parkway.protocol.anchor import ControllerAnchor
 from parkway.protocol.snapshot import SnapshotFailure
+from parkway.protocol.snapshot_failures import FailurePolicy, SnapshotHealth
 
-# Kept importable from here, where the CLI has always found them.
+log = structlog.get_logger("parkway.snapshots")
 
 
 class SnapshotCoordinator:
@@ -35,7 +38,14 @@ class SnapshotCoordinator:
         self.config = config
         self.run = RunDirectory(root / host.run)
         self.metrics = SnapshotMetrics()
+        self.failure_policy = FailurePolicy(
+            interval_s=config.snapshot_interval_s,
+            backoff_max_s=config.snapshots.backoff_max_s,
+            end_after_failures=config.snapshots.end_after_failures,
+            end_after_failing_s=config.snapshots.end_after_failing_s,
+        )
         self.config_fingerprint = config_fingerprint(config)
+        self._register_gauges()
         participants = Participants(host, config)
         self.saver = SaveSequence(host, config, self.run, participants, self.metrics, self.config_fingerprint)
         self.restorer = RestoreSequence(
@@ -55,23 +65,70 @@ class SnapshotCoordinator:
         """One snapshot attempt (see ``SaveSequence.save``). Raises SnapshotFailure."""
         return await self.saver.save(force=force, checkpoint_id=checkpoint_id)
 
+    async def settle_abort(self) -> None:
+        """Wait for an abort round still in flight (the run's end: every participant hears it)."""
+        await self.saver.settle_abort()
+
     async def restore_if_any(self) -> bool:
         """Restore the newest valid snapshot of this run, if there is one. True when restored."""
         return await self.restorer.restore_if_any()
 
     def check_failure(self, failure: SnapshotFailure) -> None:
-        """After a failed (and aborted) attempt: a transient failure is retried at the next interval,
-        up to ``max_consecutive_failures`` in a row; an invariant violation ends the run at once,
+        """After a failed (and aborted) attempt: a transient failure is retried after a back-off while
+        the rollouts go on, and ends the run only as ``snapshots.end_after_failures`` or
+        ``end_after_failing_s`` say (never, by default); an invariant violation ends the run at once,
         naming what broke (raises SnapshotsEnded)."""
+        streak, now = self.metrics.streak, time.time()
         if not failure.transient:
+            log.error("snapshots_ended", step=failure.step, detail=failure.detail, transient=False)
             raise SnapshotsEnded(
                 f"snapshot invariant violated at {failure.step}: {failure.detail}"
             ) from failure
-        if self.metrics.consecutive_failures >= self.config.max_consecutive_failures:
-            raise SnapshotsEnded(
-                f"{self.metrics.consecutive_failures} snapshots failed in a row; last at "
-                f"{failure.step}: {failure.detail}"
-            ) from failure
+        ends = streak.ends_run(self.failure_policy, now)
+        wait = self.failure_policy.wait_s(streak.consecutive)
+        streak.next_attempt_at = None if ends else now + wait
+        log.warning(
+            "snapshot_failed",
+            step=failure.step,
+            detail=failure.detail,
+            transient=True,
+            consecutive=streak.consecutive,
+            retry_in_s=None if ends else round(wait, 3),
+            newest_snapshot=streak.newest_snapshot,
+            rollouts_sealed=self.host.counts["rollouts_sealed"],
+        )
+        if ends:
+            log.error("snapshots_ended", step=failure.step, detail=failure.detail, reason=ends)
+            raise SnapshotsEnded(f"{ends}; last at {failure.step}: {failure.detail}") from failure
+
+    def _register_gauges(self) -> None:
+        streak = self.metrics.streak  # read in the metrics server's thread: plain attribute reads
+
+        def age() -> float:
+            newest = streak.newest_published_at
+            return float("nan") if newest is None else time.time() - newest
+
+        metrics = self.host.metrics
+        metrics.gauge("parkway_snapshot_age_seconds", "Age of the newest published snapshot", age)
+        metrics.gauge(
+            "parkway_snapshot_consecutive_failures",
+            "Snapshot attempts failed in a row",
+            lambda: float(streak.consecutive),
+        )
+        metrics.gauge(
+            "parkway_snapshot_last_failure_timestamp_seconds",
+            "When the last snapshot attempt failed (0: never)",
+            lambda: streak.last_failure_at or 0.0,
+        )
+
+    def next_wait_s(self) -> float:
+        """Seconds until the snapshot loop's next attempt: the interval, or the back-off after failures."""
+        wait = self.failure_policy.wait_s(self.metrics.streak.consecutive)
+        self.metrics.streak.next_attempt_at = time.time() + wait
+        return wait
+
+    def health(self) -> SnapshotHealth:
+        return self.metrics.streak.health()
 
     # -- trainer checkpoints -----------------------------------------------------------------------
     def write_trainer_checkpoint(self, step: int, *, anchor: ControllerAnchor, state: dict[str, Any]) -> None:

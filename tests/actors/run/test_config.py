@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,32 @@ from tests.support.paths import ROOT
 
 def test_defaults_mirror_nemo_keys() -> None:
     config = from_dict({})
-    assert (config.max_consecutive_failures, config.keep_latest_k, config.restore_mode) == (3, 2, "latest")
+    assert (config.keep_latest_k, config.restore_mode) == (2, "latest")
     assert config.recovery.default_granularity == "sibling"
+    # Failed snapshots back off and retry; they end the run only if the operator says so.
+    assert (config.snapshots.end_after_failures, config.snapshots.end_after_failing_s) == (None, None)
+
+
+def test_nemos_failure_limit_key_is_the_snapshots_end_after_failures() -> None:
+    assert from_dict({"max_consecutive_failures": 3}).snapshots.end_after_failures == 3
+    assert from_dict({"max_consecutive_failures": None}).snapshots.end_after_failures is None
+    with pytest.raises(ConfigError, match=r"^max_consecutive_failures: the same as snapshots.end_after"):
+        from_dict({"max_consecutive_failures": 3, "snapshots": {"end_after_failures": 4}})
+    with pytest.raises(ConfigError, match=r"snapshots.end_after_failures: must be >= 1 or null"):
+        from_dict({"max_consecutive_failures": 0})
+
+
+@pytest.mark.parametrize(
+    ("snapshots", "message"),
+    [
+        ({"end_after_failures": 0}, "snapshots.end_after_failures: must be >= 1 or null (never), got 0"),
+        ({"end_after_failing_s": -1}, "snapshots.end_after_failing_s: must be > 0 or null (never), got -1"),
+        ({"backoff_max_s": 0}, "snapshots.backoff_max_s: must be > 0, got 0"),
+    ],
+)
+def test_the_snapshot_failure_policy_is_checked(snapshots: dict[str, float], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_dict({"snapshots": snapshots})
 
 
 @pytest.mark.parametrize(

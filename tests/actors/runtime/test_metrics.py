@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import time
 import urllib.request
@@ -204,6 +205,45 @@ async def test_a_snapshot_records_its_pause_and_steps(tmp_path: Path) -> None:
     assert value(controller, "parkway_snapshot_phase_seconds_count", step="commit") >= published
     [tq] = [a for a in actors if a.role == "tq"]
     assert value(tq, "parkway_phase_seconds_count", phase="committed") >= published
+
+
+async def test_the_newest_snapshots_age_and_the_last_failure_are_gauges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PARKWAY_FAULTS", "commit_write:agent=ENOSPC@2+")  # a disk full after one snapshot
+    config = from_dict(
+        {
+            "run": "metfail",
+            "seed": 3,
+            "policy": {"host": "inline", "per_token_delay_s": 0.002},
+            "tasks": {"builtin": "bank", "limit": 3},
+            "rollout": {"group_size": 3, "max_turns": 6},
+            "snapshot_interval_s": 0.05,
+            "snapshots": {"backoff_max_s": 0.1},
+        }
+    )
+    async with MemoryBroker(MemoryHub(), config.run) as broker:
+        actors = [*embedded_actors(broker, SECRET, config, tmp_path), Controller(broker, secret=SECRET)]
+        controller = actors[-1]
+        assert isinstance(controller, Controller)
+        for actor in actors:
+            await actor.start()
+        try:
+            summary = await controller.run_workload(
+                config, load_tasks(config.tasks), snapshot_root=tmp_path / "snapshots"
+            )
+            health = controller.status_fields()["snapshots"]
+        finally:
+            for actor in reversed(actors):
+                await actor.stop()
+    assert summary.snapshots_published == 1 and summary.snapshots_failed >= 2
+    assert summary.rollouts_sealed == summary.rollouts_expected
+    assert health.newest_snapshot == "snapshot_1" and health.consecutive_failures == summary.snapshots_failed
+    assert health.last_failure_step == "commit" and "No space left on device" in health.last_failure_reason
+    assert value(controller, "parkway_snapshot_consecutive_failures") == summary.snapshots_failed
+    assert value(controller, "parkway_snapshot_last_failure_timestamp_seconds") == health.last_failure_at
+    age = value(controller, "parkway_snapshot_age_seconds")  # read now: since snapshot_1's created_at
+    assert math.isfinite(age) and age > 0
 
 
 async def test_one_endpoint_serves_every_actor_of_a_process(broker: MemoryBroker, tmp_path: Path) -> None:

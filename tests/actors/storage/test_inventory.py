@@ -121,7 +121,9 @@ def test_a_stray_file(snapshot: Path) -> None:
             "is on disk (5 bytes) but not in the manifest",
         )
     ]
-    verify_snapshot(snapshot)  # a restore does not mind it: nothing it reads is wrong
+    # The manifest's file list is exactly what is on disk: a restore passes it over like a corrupt one.
+    with pytest.raises(SnapshotInvalid, match=r"^snapshot_2: participants/agent/0/notes.txt is on disk"):
+        verify_snapshot(snapshot)
 
 
 def test_a_manifest_from_another_run(snapshot: Path) -> None:
@@ -263,9 +265,8 @@ def test_every_problem_is_reported_not_just_the_first(snapshot: Path) -> None:
         (Kind.MISSING, "tq/lineage.msgpack"),
         (Kind.STRAY, "stray.bin"),
     }
-    restore_sees = check_snapshot(snapshot, deep=False)
-    # The manifest's run first, then the files in manifest order.
-    assert [p.kind for p in restore_sees] == [Kind.OTHER_RUN, Kind.SIZE, Kind.MISSING, Kind.DIGEST]
+    with pytest.raises(SnapshotInvalid, match=r"^snapshot_2: manifest.json names run 'elsewhere'"):
+        verify_snapshot(snapshot)  # the manifest's run first, as the check lists it
 
 
 def test_the_inventory_reads_what_the_manifests_hold(run_dir: Path) -> None:
@@ -307,3 +308,45 @@ def test_a_completed_run_restores_nothing(run_dir: Path) -> None:
     found = inventory(run_dir)
     assert found.selected is None and found.completed_at == 1795957779.5
     assert "marked completed" in found.restore_detail
+
+
+# -- symlinks and the exact file list: what ``snapshots verify`` says is what a restore picks ---------
+
+
+def test_a_directory_symlink_fails_the_check_and_the_restore_passes_it_over(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    newest = run_dir / "snapshot_2"
+    outside = tmp_path / "outside_participants"
+    shutil.copytree(newest / "participants", outside)  # an identical copy: every digest would match
+    shutil.rmtree(newest / "participants")
+    (newest / "participants").symlink_to(outside, target_is_directory=True)
+    problems = check_snapshot(newest)
+    assert Problem("snapshot_2", "participants", Kind.SYMLINK, f"is a symlink (to {outside})") in problems
+    with pytest.raises(SnapshotInvalid, match=r"^snapshot_2: participants is a symlink"):
+        verify_snapshot(newest)
+    fingerprint = config_fingerprint(from_dict(SNAPSHOT_RUN))
+    picked, _ = select_snapshot(run_dir, config_fingerprint=fingerprint)  # type: ignore[misc]
+    found = inventory(run_dir, config_fingerprint=fingerprint)
+    assert picked == run_dir / "snapshot_1"
+    assert found.selected is not None and found.selected.path == picked
+
+
+def test_a_file_symlink_is_not_read_through(snapshot: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "ledger_copy.msgpack"
+    shutil.copyfile(snapshot / "ledger.msgpack", outside)
+    (snapshot / "ledger.msgpack").unlink()
+    (snapshot / "ledger.msgpack").symlink_to(outside)
+    assert check_snapshot(snapshot) == [
+        Problem("snapshot_2", "ledger.msgpack", Kind.SYMLINK, f"is a symlink (to {outside})")
+    ]
+    with pytest.raises(SnapshotInvalid, match=r"^snapshot_2: ledger.msgpack is a symlink"):
+        verify_snapshot(snapshot)
+
+
+def test_a_snapshot_directory_that_is_a_symlink_fails(run_dir: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere_snapshot"
+    shutil.move(run_dir / "snapshot_2", elsewhere)
+    (run_dir / "snapshot_2").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(SnapshotInvalid, match=r"^snapshot_2: \. is a symlink"):
+        verify_snapshot(run_dir / "snapshot_2")

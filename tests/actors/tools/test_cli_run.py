@@ -96,15 +96,22 @@ def test_the_progress_line_counts_up_to_the_end_and_stays_out_of_json(tmp_path: 
 
 
 def test_a_run_that_snapshots_cannot_protect_says_so_and_exits_3(tmp_path: Path) -> None:
-    """Snapshots failing in a row end the run (max_consecutive_failures): a message naming why and how
-    to go on, exit 3 (a supervisor starts it again; it restores the newest snapshot), no traceback."""
+    """Snapshots failing in a row end the run when the operator configured it
+    (snapshots.end_after_failures): a message naming why and how to go on, exit 3 (a supervisor starts
+    it again; it restores the newest snapshot), no traceback."""
     import yaml
 
     from tests.support.embedded import SNAPSHOT_RUN
 
     config = tmp_path / "run.yaml"
     config.write_text(
-        yaml.safe_dump({**SNAPSHOT_RUN, "policy": {"host": "inline", "per_token_delay_s": 0.002}})
+        yaml.safe_dump(
+            {
+                **SNAPSHOT_RUN,
+                "policy": {"host": "inline", "per_token_delay_s": 0.002},
+                "snapshots": {"end_after_failures": 3},
+            }
+        )
     )
     result = parkway(
         "run",

@@ -145,16 +145,40 @@ async def test_the_snapshot_before_stays_authoritative(
     assert resumed.rollouts_sealed == 9 and resumed.transcripts_sha256 == reference.transcripts_sha256
 
 
-async def test_a_disk_that_stays_full_ends_the_run_naming_it(
+async def test_a_disk_that_stays_full_ends_the_run_naming_it_when_configured_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(FAULTS_ENV, "commit_write:agent=ENOSPC@2+")
     with pytest.raises(RuntimeError) as info:
         await embedded_run(
-            {**SNAPSHOT_RUN, "policy": {"host": "inline", "per_token_delay_s": 0.002}}, tmp_path
+            {
+                **SNAPSHOT_RUN,
+                "policy": {"host": "inline", "per_token_delay_s": 0.002},
+                "snapshots": {"end_after_failures": 3},
+            },
+            tmp_path,
         )
     monkeypatch.delenv(FAULTS_ENV)
     assert "3 snapshots failed in a row" in str(info.value) and "No space left on device" in str(info.value)
     run_dir = tmp_path / RUN_DIR
     assert [p.name for p in run_dir.glob("snapshot_*")] == ["snapshot_1"] and not list(run_dir.glob("tmp_*"))
     assert check_snapshot(run_dir / "snapshot_1") == []
+
+
+async def test_a_disk_that_stays_full_does_not_end_the_run_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(FAULTS_ENV, "commit_write:agent=ENOSPC@2+")
+    summary = await embedded_run(
+        {
+            **SNAPSHOT_RUN,
+            "policy": {"host": "inline", "per_token_delay_s": 0.002},
+            "snapshots": {"backoff_max_s": 0.1},
+        },
+        tmp_path,
+    )
+    monkeypatch.delenv(FAULTS_ENV)
+    assert summary.snapshots_failed >= 3 and summary.snapshots_published == 1
+    assert summary.rollouts_sealed == 9 and summary.rollouts_failed == 0
+    run_dir = tmp_path / RUN_DIR
+    assert [p.name for p in run_dir.glob("snapshot_*")] == ["snapshot_1"] and not list(run_dir.glob("tmp_*"))
