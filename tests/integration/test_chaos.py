@@ -39,21 +39,29 @@ from parkway.protocol.history import Receipt, ReplicaRestarted
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
 SEED = 1
+RUN_TIMEOUT_S = 1500  # eight workloads, five of them of 3 s broker outages at every step
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_a_short_seeded_chaos_schedule_passes_the_history_checker(tmp_path: Path) -> None:
     assert rabbitmq_bin() is not None, "the chaos test owns a RabbitMQ node: it needs RabbitMQ's scripts"
     env = clean_environment()
     command = ["chaos", "--seed", str(SEED), "--json", "--quiet", "--workdir", str(tmp_path / "chaos")]
-    done = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-m", "parkway.actors", *command],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=1500,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    ) as chaos:
+        try:
+            out, err = chaos.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            chaos.terminate()  # SIGTERM: the harness reaps every process it started and stops its node
+            out, err = chaos.communicate(timeout=240)
+            pytest.fail(f"parkway chaos ran past {RUN_TIMEOUT_S}s: {err[-4000:]}")
+    assert chaos.returncode == 0, out[-4000:] + err[-4000:]
+    result = json.loads(out)
     assert result["passed"] and result["broker"] == "own node"
 
     # Work was done, under every fault the short matrix plans, and all of it was checked.
@@ -73,6 +81,12 @@ def test_a_short_seeded_chaos_schedule_passes_the_history_checker(tmp_path: Path
     assert all(f["detail"] == f"{BROKER_OUTAGE_S:.0f}s down" and f["ended"] > f["t"] for f in outages)
     restored = {f["workload"] for f in outages if f["step"] in RESTORE_STEP_POINTS}
     assert all(result["workloads"][w]["controllers"] >= 2 for w in restored)  # a restore, not a start
+    # A short outage ends nothing: no process exited on its own in those workloads (the harness would
+    # start it again and hide it), and a restore that met one went on (one controller killed, one more).
+    for index in sorted({f["workload"] for f in outages}):
+        workload = result["workloads"][index]
+        assert workload["notes"] == [], (workload["plan"], workload["notes"])
+        assert workload["controllers"] == (2 if index in restored else 1), workload["plan"]
     assert result["faults_injected"] >= len(planned)
     assert all(row["outcome"] == "pass" for row in result["table"])
     for workload in result["workloads"]:

@@ -67,10 +67,12 @@ async def one_outage(tmp_path: Path, kind: FaultKind, **options: float) -> tuple
     return workload, [r for r in records if r.t > fault.ended]
 
 
+@pytest.mark.timeout(900)
 async def test_a_60s_broker_outage_at_a_save_step_loses_and_doubles_nothing(tmp_path: Path) -> None:
     await one_outage(tmp_path, FaultKind.BROKER_RESTART)
 
 
+@pytest.mark.timeout(900)
 async def test_a_state_directory_unwritable_for_60s_does_not_end_the_run(tmp_path: Path) -> None:
     # Rollouts go on while snapshots fail; slower tokens keep the run going past the outage, so the
     # snapshots after it show that saving came back.
