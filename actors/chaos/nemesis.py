@@ -274,7 +274,7 @@ class Workload:
                     self.start_actor(address)
                 await self.wait_ready(client, list(PARTICIPANTS))
         else:
-            reason = self.cluster.log_tail(CONTROLLER, 3).replace("\n", " | ")[-400:]
+            reason = self.cluster.exit_reason(CONTROLLER)
             self.result.notes.append(f"controller exited {code} unplanned: {reason}")
             self.nemesis.record(UnplannedExit(target=CONTROLLER, code=code))
             self.say(f"controller exited {code}: {reason}")
@@ -308,7 +308,7 @@ class Workload:
                     point if not point.startswith("participant_prepare") else "participant_prepare",
                 )
             else:
-                reason = self.cluster.log_tail(address, 3).replace("\n", " | ")[-400:]
+                reason = self.cluster.exit_reason(address)
                 self.result.notes.append(f"{address} exited {code} unplanned: {reason}")
                 self.nemesis.record(UnplannedExit(target=address, code=code))
             self.start_actor(address)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from parkway.actors.chaos.cluster import Cluster
 from parkway.actors.chaos.outages import (
     OutageError,
     is_stopped,
@@ -78,3 +79,25 @@ def test_an_unwritable_snapshot_directory_refuses_every_write_and_comes_back_who
     assert sorted(p.name for p in run.parent.iterdir()) == ["run1"]
     with pytest.raises(OutageError, match="no longer the file"):
         make_writable(run)
+
+
+def test_an_unplanned_exit_is_explained_by_the_line_the_command_ended_on(tmp_path: Path) -> None:
+    cluster = Cluster(url="", run="r", state=tmp_path, config=tmp_path, secret="s", logs=tmp_path)
+    cluster.starts["controller"] = 1
+    log = tmp_path / "controller-1.log"
+    log.write_text(
+        "\n".join(
+            [
+                STOPPED_LINE.format(point="save_prepare"),
+                "parkway: snapshots: 3 snapshots failed in a row; last at prepare: ...",
+                "Future exception was never retrieved",
+                "parkway.brokers.base.BrokerError: the broker connection was lost",
+            ]
+        )
+    )
+    assert (
+        cluster.exit_reason("controller")
+        == "parkway: snapshots: 3 snapshots failed in a row; last at prepare: ..."
+    )
+    log.write_text("one\ntwo\nthree\nfour\n")
+    assert cluster.exit_reason("controller") == "two | three | four"
