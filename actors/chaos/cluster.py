@@ -106,6 +106,13 @@ class Cluster:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def exit_reason(self, name: str) -> str:
+        """Why a process exited, from its log: its last ``parkway: ...`` line (what a command prints
+        when it ends on an error), else its last three lines (a traceback's tail, a stray warning)."""
+        tail = self.log_tail(name, 60).splitlines()
+        said = [line for line in tail if line.startswith("parkway: ") and "fault point" not in line]
+        return (said[-1] if said else " | ".join(tail[-3:]))[-400:]
+
     def _log_path(self, name: str, count: int) -> Path:
         return self.logs / f"{name.replace('/', '-')}-{count}.log"
 

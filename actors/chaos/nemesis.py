@@ -23,15 +23,16 @@ import os
 import secrets
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parkway.actors.chaos.check import NEMESIS, Verdict, check, load_run
+from parkway.actors.chaos.check import NEMESIS, check, load_run
 from parkway.actors.chaos.cluster import CONTROLLER, Cluster, ControllerTail, Proc
+from parkway.actors.chaos.outages import OutageError, is_stopped, outage, stopped_at
+from parkway.actors.chaos.results import ChaosResult, WorkloadResult
 from parkway.actors.chaos.schedule import (
     BETWEEN,
     PARTICIPANTS,
@@ -45,8 +46,6 @@ from parkway.actors.chaos.schedule import (
     quick_matrix,
     random_plan,
     relabel,
-    render_table,
-    table_rows,
 )
 from parkway.actors.launch.rabbit_node import BrokerNodeError, RabbitNode
 from parkway.actors.runtime.client import Client
@@ -95,99 +94,6 @@ class Options:
     log: Any = None  # a callable(str) for progress lines
 
 
-@dataclass
-class WorkloadResult:
-    index: int
-    run: str
-    plan: str
-    faults: list[Injected] = field(default_factory=list)
-    verdict: Verdict | None = None
-    summary: dict[str, Any] | None = None
-    error: str | None = None  # the workload did not finish, or the harness failed
-    notes: list[str] = field(default_factory=list)  # unplanned exits and other things seen
-    wall_s: float = 0.0
-    controllers: int = 0
-
-    @property
-    def passed(self) -> bool:
-        return (
-            self.error is None
-            and self.verdict is not None
-            and self.verdict.ok
-            and self.summary is not None
-            and self.summary.get("rollouts_sealed") == self.summary.get("rollouts_expected")
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "run": self.run,
-            "plan": self.plan,
-            "passed": self.passed,
-            "error": self.error,
-            "notes": self.notes,
-            "wall_s": round(self.wall_s, 3),
-            "controllers": self.controllers,
-            "faults": [f.to_json() for f in self.faults],
-            "verdict": self.verdict.to_json() if self.verdict is not None else None,
-            "summary": self.summary,
-        }
-
-
-@dataclass
-class ChaosResult:
-    seed: int
-    workloads: list[WorkloadResult]
-    wall_s: float
-    broker: str
-
-    @property
-    def faults(self) -> list[Injected]:
-        return [f for w in self.workloads for f in w.faults]
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.workloads) and all(w.passed for w in self.workloads) and bool(self.faults)
-
-    def rows(self) -> list[dict[str, Any]]:
-        return table_rows(self.faults, {w.index: w.passed for w in self.workloads})
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "passed": self.passed,
-            "wall_s": round(self.wall_s, 3),
-            "broker": self.broker,
-            "faults_injected": len(self.faults),
-            "rollouts_sealed": sum((w.summary or {}).get("rollouts_sealed", 0) for w in self.workloads),
-            "table": self.rows(),
-            "workloads": [w.to_json() for w in self.workloads],
-        }
-
-    def text(self) -> str:
-        lines = [render_table(self.rows()), ""]
-        for w in self.workloads:
-            sealed = (w.summary or {}).get("rollouts_sealed", "-")
-            expected = (w.summary or {}).get("rollouts_expected", "-")
-            state = "pass" if w.passed else "FAIL"
-            lines.append(
-                f"workload {w.index} ({w.run}): {state}, {len(w.faults)} faults, {w.controllers} controllers, "
-                f"sealed {sealed}/{expected}, {w.wall_s:.1f}s; plan: {w.plan}"
-            )
-            for note in w.notes:
-                lines.append(f"    note: {note}")
-            if w.error:
-                lines.append(f"    error: {w.error}")
-            if w.verdict is not None and not w.verdict.ok:
-                lines.extend("    " + line for line in w.verdict.report().splitlines())
-        lines.append("")
-        lines.append(
-            f"chaos seed {self.seed}: {'PASS' if self.passed else 'FAIL'}: {len(self.workloads)} workloads, "
-            f"{len(self.faults)} faults injected, {self.wall_s:.0f}s, broker {self.broker}"
-        )
-        return "\n".join(lines)
-
-
 # -- one workload -------------------------------------------------------------------------------
 class Workload:
     def __init__(
@@ -220,6 +126,7 @@ class Workload:
         self.controller_points = list(plan.controller_points)
         self.actor_points = {p.address: p for p in plan.actor_points}
         self.timed = sorted(plan.timed, key=lambda t: t.at_s)
+        self.outages = list(plan.outage_points)  # armed on every controller until each happened
         self.started = 0.0
 
     def say(self, text: str) -> None:
@@ -241,9 +148,19 @@ class Workload:
         return self.cluster.start(address, point.spec if point is not None else "")
 
     def start_controller(self) -> Proc:
+        """A controller armed with the next kill point and every outage still to happen: those at a
+        restore step only on a controller that restores (one started after another); an outage at
+        the kill's own point waits for the next controller (one action per point)."""
         point = self.controller_points[0] if self.controller_points else None
+        restores = self.result.controllers > 0
         self.result.controllers += 1
-        return self.cluster.start(CONTROLLER, point.spec if point is not None else "")
+        specs = [point.spec] if point is not None else []
+        specs += [
+            o.spec
+            for o in self.outages
+            if (restores or not o.in_restore) and (point is None or o.point != point.point)
+        ]
+        return self.cluster.start(CONTROLLER, ",".join(specs))
 
     async def wait_ready(self, client: Client, addresses: list[str], timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -300,6 +217,7 @@ class Workload:
                     if await self._check_controller(client):
                         break
                     await self._check_actors(client)
+                    await self._check_outage()
                     await self._timed(client, tail, time.monotonic() - workload_start)
                     await asyncio.sleep(POLL_S)
         except ChaosError as exc:
@@ -312,6 +230,8 @@ class Workload:
             self.cluster.reap_everything()
             self.nemesis.close()
         self.result.wall_s = time.monotonic() - self.started
+        for missed in self.outages:
+            self.result.notes.append(f"planned {missed.kind} at {missed.point}@{missed.nth} never happened")
         self._relabel()
         try:
             self.result.verdict = check(load_run(self.state, self.run, chaos=True))
@@ -344,7 +264,7 @@ class Workload:
             self.result.error = f"the run finished with {summary.get('rollouts_failed')} rollouts failed"
             return True
         point = self.controller_points[0] if self.controller_points else None
-        if code == -signal.SIGKILL and point is not None and proc.armed == point.spec:
+        if code == -signal.SIGKILL and point is not None and point.spec in proc.armed.split(","):
             self.controller_points.pop(0)
             self.inject(point.kind, "cluster" if point.cluster else CONTROLLER, point.point)
             if point.cluster:
@@ -353,7 +273,7 @@ class Workload:
                     self.start_actor(address)
                 await self.wait_ready(client, list(PARTICIPANTS))
         else:
-            reason = self.cluster.log_tail(CONTROLLER, 3).replace("\n", " | ")[-400:]
+            reason = self.cluster.exit_reason(CONTROLLER)
             self.result.notes.append(f"controller exited {code} unplanned: {reason}")
             self.nemesis.record(UnplannedExit(target=CONTROLLER, code=code))
             self.say(f"controller exited {code}: {reason}")
@@ -387,11 +307,36 @@ class Workload:
                     point if not point.startswith("participant_prepare") else "participant_prepare",
                 )
             else:
-                reason = self.cluster.log_tail(address, 3).replace("\n", " | ")[-400:]
+                reason = self.cluster.exit_reason(address)
                 self.result.notes.append(f"{address} exited {code} unplanned: {reason}")
                 self.nemesis.record(UnplannedExit(target=address, code=code))
             self.start_actor(address)
             await self.wait_ready(client, [address])
+
+    async def _check_outage(self) -> None:
+        """The controller stopped itself at an outage point: break the broker or the state directory,
+        let it go on under the outage, repair it ``down_s`` later."""
+        proc = self.cluster.procs[CONTROLLER]
+        if proc.stopped or not proc.alive() or not is_stopped(proc.pid):
+            return
+        point = stopped_at(self.cluster.log_tail(CONTROLLER, 200))
+        planned = next((o for o in self.outages if o.point == point), None)
+        if planned is None:
+            raise ChaosError(f"the controller stopped at {point!r}, where no outage was planned")
+        self.outages.remove(planned)
+        fault = self.inject(planned.kind, planned.target, planned.point, f"{planned.down_s:.0f}s down")
+        try:
+            await outage(
+                planned.kind,
+                planned.down_s,
+                node=self.node,
+                snapshots=self.state / SNAPSHOTS_DIR / self.run,
+                resume=lambda: self.cluster.signal(CONTROLLER, signal.SIGCONT),
+            )
+        except (OutageError, BrokerNodeError, OSError) as exc:
+            raise ChaosError(f"{planned.kind} at {planned.point}: {exc}") from exc
+        fault.ended = time.time()
+        self.say(f"{planned.kind} over after {planned.down_s:.0f}s")
 
     async def _timed(self, client: Client, tail: ControllerTail, elapsed: float) -> None:
         if not self.timed:
@@ -509,87 +454,3 @@ async def run_chaos(options: Options) -> ChaosResult:
             await asyncio.to_thread(node.stop)
     broker_text = "own node" if options.broker_url is None else "shared"
     return ChaosResult(options.seed, results, time.monotonic() - started, broker_text)
-
-
-# -- the command ----------------------------------------------------------------------------------
-def add_arguments(parser: Any) -> None:
-    parser.add_argument("--seed", type=int, default=1, help="the seed of the fault schedule (default 1)")
-    parser.add_argument(
-        "--minutes",
-        type=float,
-        help="a long run: random workloads from the full matrix until this many minutes have passed",
-    )
-    parser.add_argument(
-        "--full",
-        action="store_true",
-        help="the full matrix of fault kinds by protocol step (default: the short one)",
-    )
-    parser.add_argument("--workloads", type=int, help="run at most this many workloads")
-    parser.add_argument(
-        "--broker",
-        help="use this RabbitMQ (URL) instead of a throwaway node of its own; broker faults are then skipped",
-    )
-    parser.add_argument(
-        "--workdir", default=".parkway/chaos", help="where each workload's state, history and logs go"
-    )
-    parser.add_argument(
-        "--workload-timeout", type=float, default=240.0, help="seconds a workload may take (default 240)"
-    )
-    parser.add_argument(
-        "--tasks", type=int, default=4, help="bank tasks per workload, 3 rollouts each (default 4)"
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the snapshots of passing workloads too")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-
-
-def usage_error(args: Any) -> str | None:
-    """What is wrong with the command line, or None."""
-    if args.minutes is not None and not args.minutes > 0:
-        return f"--minutes {args.minutes}: want a number of minutes more than 0"
-    if args.workloads is not None and args.workloads < 1:
-        return f"--workloads {args.workloads}: want at least 1"
-    if not args.workload_timeout > 0:
-        return f"--workload-timeout {args.workload_timeout}: want a number of seconds more than 0"
-    if not 1 <= args.tasks <= 4:
-        return f"--tasks {args.tasks}: want 1 to 4 (the built-in bank tasks, 3 rollouts each)"
-    if args.minutes is not None and args.full:
-        return "--minutes draws its workloads from the full matrix already; drop --full"
-    return None
-
-
-def command(args: Any) -> int:
-    problem = usage_error(args)
-    if problem is not None:
-        print(f"parkway: chaos: {problem}", file=sys.stderr)
-        return 2
-    options = Options(
-        seed=args.seed,
-        workdir=Path(args.workdir),
-        broker_url=args.broker,
-        minutes=args.minutes,
-        quick=not args.full,
-        workloads=args.workloads,
-        workload_timeout_s=args.workload_timeout,
-        tasks=args.tasks,
-        keep_passing=args.keep,
-        log=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
-    )
-
-    def terminate(*_: object) -> None:
-        raise KeyboardInterrupt  # unwinds through every finally: processes reaped, the node stopped
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        result = asyncio.run(run_chaos(options))
-    except KeyboardInterrupt:
-        print("parkway: chaos: interrupted; every process it started was stopped", file=sys.stderr)
-        return 130
-    except (ChaosError, BrokerNodeError) as exc:
-        print(f"parkway: chaos: {exc}", file=sys.stderr)
-        return 3
-    if args.json:
-        print(json.dumps(result.to_json(), sort_keys=True, default=str))
-    else:
-        print(result.text())
-    return 0 if result.passed else 1

@@ -6,6 +6,10 @@ A chaos run is a sequence of workloads; each workload gets a ``WorkloadPlan`` dr
   first controller dies at the first point, the one started after it at the second, and so on. A
   ``kill_cluster`` fault is a controller point at which the harness also kills every other process;
 - ``actor_points``: a fault point armed on one participant process (it SIGKILLs itself there);
+- ``outage_points``: fault points armed on the controller with ``=STOP``: the controller stops itself
+  at that exact step of a save (``save_*``, ``after_*``) or a restore (``restore_*``), the harness takes
+  the broker down (or makes the state directory unwritable) for ``down_s`` with the controller running
+  again, then brings it back;
 - ``timed``: faults the harness injects itself, at a time into the workload or when the controller
   starts a snapshot step: SIGKILL of one actor, SIGSTOP/SIGCONT of one process or all, a broker
   restart or a broker crash.
@@ -35,7 +39,7 @@ from parkway.protocol.history import (
     SnapshotSkipped,
     SnapshotStep,
 )
-from parkway.protocol.snapshot import SAVE_SEQUENCE
+from parkway.protocol.snapshot import RESTORE_SEQUENCE, SAVE_SEQUENCE
 
 
 class FaultKind(StrEnum):
@@ -48,9 +52,12 @@ class FaultKind(StrEnum):
     PAUSE_CLUSTER = "pause_cluster"  # SIGSTOP every process, then SIGCONT
     BROKER_RESTART = "broker_restart"  # rabbitmqctl stop_app / start_app on the run's own node
     BROKER_KILL = "broker_kill"  # SIGKILL the broker node's VM, then start it on the same data
+    STATE_UNWRITABLE = "state_unwritable"  # the run's snapshot directory replaced by a file, then back
 
 
 BROKER_KINDS = frozenset({FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL})
+OUTAGE_KINDS = BROKER_KINDS | {FaultKind.STATE_UNWRITABLE}
+BROKER_OUTAGE_S = 3.0  # how long the broker stays down in a matrix's outage at a point
 SAVE_STEPS: tuple[str, ...] = tuple(step.name.value for step in SAVE_SEQUENCE)
 RESTORE_POINTS = (
     "after_restore_agent",
@@ -60,6 +67,9 @@ RESTORE_POINTS = (
 )
 # Every controller fault point of a save: at the start of a step (save_*) and at its end (after_*).
 SAVE_POINTS: tuple[str, ...] = tuple(p for s in SAVE_STEPS for p in (f"save_{s}", f"after_{s}"))
+# The controller's fault point at the start of each step of a restore.
+RESTORE_STEP_POINTS: tuple[str, ...] = tuple(f"restore_{step.name.value}" for step in RESTORE_SEQUENCE)
+OUTAGES_PER_WORKLOAD = {"save": 8, "restore": 5}  # a restore's own deadline bounds how many it takes
 PARTICIPANTS = ("tq/0", "policy/0", "resources/0", "resources/1", "agent/0", "agent/1")
 # Participant fault points: the process kills itself at this step of a snapshot or a restore.
 ACTOR_POINTS: tuple[str, ...] = (
@@ -101,6 +111,31 @@ class ControllerPoint:
 
 
 @dataclass(frozen=True)
+class OutagePoint:
+    """An outage at an exact step: the controller stops itself at ``point`` (its ``nth`` hit), the
+    harness breaks the broker or the state directory, continues the controller, and repairs it all
+    ``down_s`` later."""
+
+    point: str  # a save point (save_*, after_*) or a restore step point (restore_*)
+    kind: FaultKind  # one of OUTAGE_KINDS
+    down_s: float = BROKER_OUTAGE_S
+    nth: int = 1
+
+    @property
+    def spec(self) -> str:
+        return f"{self.point}=STOP@{self.nth}"
+
+    @property
+    def in_restore(self) -> bool:
+        """Armed only on a controller that restores (one started after another died)."""
+        return self.point in RESTORE_STEP_POINTS
+
+    @property
+    def target(self) -> str:
+        return "state" if self.kind is FaultKind.STATE_UNWRITABLE else "broker"
+
+
+@dataclass(frozen=True)
 class TimedFault:
     kind: FaultKind
     target: str  # an address, "controller", "cluster" or "broker"
@@ -116,10 +151,12 @@ class WorkloadPlan:
     controller_points: list[ControllerPoint] = field(default_factory=list)
     actor_points: list[ActorPoint] = field(default_factory=list)
     timed: list[TimedFault] = field(default_factory=list)
+    outage_points: list[OutagePoint] = field(default_factory=list)
 
     def describe(self) -> str:
         parts = [f"{p.kind.value}@{p.spec}" for p in self.controller_points]
         parts += [f"kill_actor {p.address}@{p.spec}" for p in self.actor_points]
+        parts += [f"{p.kind.value} {p.down_s:.0f}s at {p.point}@{p.nth}" for p in self.outage_points]
         parts += [
             f"{t.kind.value} {t.target} at {t.at_step or f'{t.at_s:.1f}s'}"
             + (f" for {t.hold_s:.1f}s" if t.hold_s else "")
@@ -136,6 +173,17 @@ class Cell:
     step: str  # a controller point, an actor point, a save step (timed, at_step) or BETWEEN
     target: str | None = None  # kill_actor: which participant (None: one drawn from the seed)
 
+    @property
+    def outage_at_point(self) -> bool:
+        """An outage at an exact save or restore step (an ``OutagePoint``), not a timed one."""
+        return self.kind in OUTAGE_KINDS and self.step in (*SAVE_POINTS, *RESTORE_STEP_POINTS)
+
+
+def broker_restarts_at_every_step() -> list[Cell]:
+    """A broker restart (down ``BROKER_OUTAGE_S``) at the start and the end of every save step and at
+    the start of every restore step."""
+    return [Cell(FaultKind.BROKER_RESTART, p) for p in (*SAVE_POINTS, *RESTORE_STEP_POINTS)]
+
 
 def matrix(*, broker: bool) -> list[Cell]:
     """Every (fault kind, step) a full chaos matrix covers."""
@@ -146,7 +194,9 @@ def matrix(*, broker: bool) -> list[Cell]:
     cells += [Cell(FaultKind.KILL_ACTOR, BETWEEN, t) for t in ("tq/0", "policy/0", "resources/1", "agent/0")]
     for kind in (FaultKind.PAUSE_ACTOR, FaultKind.PAUSE_CLUSTER, *(BROKER_KINDS if broker else ())):
         cells += [Cell(kind, BETWEEN), Cell(kind, "prepare"), Cell(kind, "commit")]
-    return cells
+    # The state directory unwritable where the controller and the participants write to it.
+    cells += [Cell(FaultKind.STATE_UNWRITABLE, p) for p in ("save_commit", "save_capture", "save_publish")]
+    return cells + (broker_restarts_at_every_step() if broker else [])
 
 
 def quick_matrix(*, broker: bool) -> list[Cell]:
@@ -164,16 +214,20 @@ def quick_matrix(*, broker: bool) -> list[Cell]:
     ]
     if broker:
         cells += [Cell(FaultKind.BROKER_RESTART, BETWEEN), Cell(FaultKind.BROKER_KILL, BETWEEN)]
+        cells += broker_restarts_at_every_step()
     return cells
 
 
 def plan_cells(cells: Sequence[Cell], seed: int, *, per_workload: int = 4) -> list[WorkloadPlan]:
     """Spread ``cells`` over workloads, at most ``per_workload`` faults each, seeded. A restore point
     needs a restore: it follows a controller kill in the same workload. At most one broker fault and
-    two controller kills share a workload (``_conflicts``)."""
+    two controller kills share a workload (``_conflicts``). Outages at a point have workloads of their
+    own (``_plan_outages``)."""
     rng = random.Random(seed)
     pending = list(cells)
     rng.shuffle(pending)
+    outages = [c for c in pending if c.outage_at_point]
+    pending = [c for c in pending if not c.outage_at_point]
     restores = [c for c in pending if c.step in RESTORE_POINTS]
     others = [c for c in pending if c.step not in RESTORE_POINTS]
     plans: list[WorkloadPlan] = []
@@ -201,6 +255,29 @@ def plan_cells(cells: Sequence[Cell], seed: int, *, per_workload: int = 4) -> li
         for cell in taken:
             _add(plan, cell, rng)
         plans.append(plan)
+    return _plan_outages(outages, plans, rng, seed)
+
+
+def _plan_outages(
+    outages: list[Cell], plans: list[WorkloadPlan], rng: random.Random, seed: int
+) -> list[WorkloadPlan]:
+    """Outages at points, ``OUTAGES_PER_WORKLOAD`` to a workload, in protocol order (each one armed
+    once on the controller, so a workload takes them as the run reaches them). A workload of restore
+    steps starts with a controller kill after a publish: its next controller restores."""
+    for where in ("save", "restore"):
+        chosen = sorted(
+            (c for c in outages if (c.step in RESTORE_STEP_POINTS) == (where == "restore")),
+            key=lambda c: _step_order(c.step),
+        )
+        size = OUTAGES_PER_WORKLOAD[where]
+        groups = [chosen[i :: -(-len(chosen) // size)] for i in range(-(-len(chosen) // size))]
+        for group in groups:
+            plan = WorkloadPlan(index=len(plans), seed=seed * 1000 + len(plans))
+            if where == "restore":
+                plan.controller_points.append(ControllerPoint("after_publish", rng.randint(2, 3)))
+            for cell in group:
+                _add(plan, cell, rng)
+            plans.append(plan)
     return plans
 
 
@@ -221,7 +298,10 @@ def _conflicts(cell: Cell, taken: list[Cell]) -> bool:
 
 
 def _add(plan: WorkloadPlan, cell: Cell, rng: random.Random) -> None:
-    if cell.kind in (FaultKind.KILL_CONTROLLER, FaultKind.KILL_CLUSTER):
+    if cell.outage_at_point:
+        nth = 1 if cell.step in RESTORE_STEP_POINTS else rng.randint(2, 3)
+        plan.outage_points.append(OutagePoint(cell.step, cell.kind, BROKER_OUTAGE_S, nth))
+    elif cell.kind in (FaultKind.KILL_CONTROLLER, FaultKind.KILL_CLUSTER):
         nth = 1 if cell.step in RESTORE_POINTS else rng.randint(2, 4)
         plan.controller_points.append(
             ControllerPoint(cell.step, nth, cluster=cell.kind is FaultKind.KILL_CLUSTER)
@@ -250,7 +330,7 @@ def random_plan(index: int, seed: int, *, broker: bool) -> WorkloadPlan:
     """One workload of a long run: one to three faults drawn from the full matrix, and now and then a
     death during the restore that follows a controller kill."""
     rng = random.Random(seed * 1000 + index)
-    cells = [c for c in matrix(broker=broker) if c.step not in RESTORE_POINTS]
+    cells = [c for c in matrix(broker=broker) if c.step not in (*RESTORE_POINTS, *RESTORE_STEP_POINTS)]
     wanted = rng.randint(1, 3)
     chosen: list[Cell] = []
     for cell in rng.sample(cells, len(cells)):
@@ -261,10 +341,19 @@ def random_plan(index: int, seed: int, *, broker: bool) -> WorkloadPlan:
     killed = any(c.kind in (FaultKind.KILL_CONTROLLER, FaultKind.KILL_CLUSTER) for c in chosen)
     if killed and rng.random() < 0.3:
         chosen.append(Cell(FaultKind.KILL_CONTROLLER, rng.choice(RESTORE_POINTS)))
+    elif killed and broker and not any(c.kind in BROKER_KINDS for c in chosen) and rng.random() < 0.3:
+        chosen.append(Cell(FaultKind.BROKER_RESTART, rng.choice(RESTORE_STEP_POINTS)))
     plan = WorkloadPlan(index=index, seed=seed * 1000 + index)
     for cell in chosen:
         _add(plan, cell, rng)
     return plan
+
+
+def outage_plan(kind: FaultKind, down_s: float, seed: int, *, index: int = 0) -> WorkloadPlan:
+    """One workload with one outage of ``down_s`` at a save point drawn from ``seed``."""
+    rng = random.Random(seed)
+    point = OutagePoint(rng.choice(SAVE_POINTS), kind, down_s, rng.randint(2, 3))
+    return WorkloadPlan(index=index, seed=seed * 1000 + index, outage_points=[point])
 
 
 # -- where the controller is: read from its history ---------------------------------------------
@@ -299,9 +388,11 @@ class Injected:
     t: float
     detail: str = ""
     exact: bool = True  # a fault point: the step is exact; else read from the controller's history
+    ended: float | None = None  # an outage: when the broker or the state directory was back
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "ended": self.ended,
             "workload": self.workload,
             "kind": self.kind,
             "target": self.target,
@@ -358,8 +449,10 @@ def _step_order(step: str) -> tuple[int, str]:
             return (SAVE_STEPS.index(base[len(prefix) :]) * 2 + (prefix == "after_"), step)
     if base in SAVE_STEPS:
         return (SAVE_STEPS.index(base) * 2, step)
+    if step in RESTORE_STEP_POINTS:
+        return (100 + RESTORE_STEP_POINTS.index(step), step)
     if step in RESTORE_POINTS:
-        return (100 + RESTORE_POINTS.index(step), step)
+        return (150 + RESTORE_POINTS.index(step), step)
     return (200, step)
 
 

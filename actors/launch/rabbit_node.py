@@ -137,10 +137,20 @@ class RabbitNode:
 
     def restart_app(self) -> None:
         """``stop_app`` then ``start_app``: connections drop, durable queues stay."""
-        for command in ("stop_app", "start_app"):
-            result = self._ctl(command)
-            if result.returncode != 0:
-                raise BrokerNodeError(f"rabbitmqctl {command} failed: {result.stderr[-2000:]}")
+        self.stop_app()
+        self.start_app()
+
+    def stop_app(self) -> None:
+        """The broker application stops (every connection drops); the node and its data stay."""
+        self._app("stop_app")
+
+    def start_app(self) -> None:
+        self._app("start_app")
+
+    def _app(self, command: str) -> None:
+        result = self._ctl(command)
+        if result.returncode != 0:
+            raise BrokerNodeError(f"rabbitmqctl {command} failed: {result.stderr[-2000:]}")
 
     def vm_pid(self) -> int | None:
         try:
@@ -150,6 +160,11 @@ class RabbitNode:
 
     def kill_and_start(self) -> None:
         """SIGKILL the node's VM, wait until it is gone, and start the node again on its data."""
+        self.kill()
+        self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the node's VM and wait until it is gone (``start`` brings it back on its data)."""
         pid = self.vm_pid()
         if pid is None:
             raise BrokerNodeError(f"node {self.name} has no pid file")
@@ -160,7 +175,6 @@ class RabbitNode:
                 raise BrokerNodeError(f"node {self.name} (pid {pid}) did not die")
             time.sleep(0.05)
         self.pid_file.unlink(missing_ok=True)
-        self.start()
 
     def stop(self) -> None:
         """Stop the node (SIGKILL if it does not stop) and delete its directory."""

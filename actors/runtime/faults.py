@@ -18,8 +18,13 @@ and every later one (a disk that stays full). Write points:
 - ``publish_rename``: renaming ``tmp_<id>`` to ``snapshot_<seq>``;
 - ``trainer_checkpoint_write``: the controller writing a trainer checkpoint's files (before the write).
 
+``=STOP`` makes the process SIGSTOP itself at the point instead, after one line on stderr naming it
+(``parkway: fault point <point>: stopped``): whoever watches it (the chaos harness) breaks something
+around it at that exact step, a broker outage or an unwritable state directory, and SIGCONTs it.
+
 Kill points of the snapshot sequence: ``save_<step>`` and ``after_<step>`` (``protocol/snapshot.py``),
-``after_abort`` (an aborted snapshot, cleaned up), ``participant_prepare:<role>``.
+``after_abort`` (an aborted snapshot, cleaned up), ``participant_prepare:<role>``; of the restore
+sequence: ``restore_<step>`` (at the start of each step) and ``after_restore_<stage>``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import signal
 
 FAULTS_ENV = "PARKWAY_FAULTS"
 KILL = "kill"
+STOP = "STOP"
+STOPPED_LINE = "parkway: fault point {point}: stopped"  # what a STOP writes before it stops
 
 
 class FaultSpecError(ValueError):
@@ -48,7 +55,7 @@ class FaultPoints:
             if not name:
                 continue
             action = action or KILL
-            if action != KILL and not isinstance(getattr(errno, action, None), int):
+            if action not in (KILL, STOP) and not isinstance(getattr(errno, action, None), int):
                 raise FaultSpecError(f"{FAULTS_ENV} item {raw.strip()!r}: {action!r} is not an errno name")
             onwards = nth.endswith("+")
             nth = nth.removesuffix("+")
@@ -66,6 +73,11 @@ class FaultPoints:
                     continue
                 if action == KILL:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if action == STOP:
+                    # One write(2), before the stop: the watcher reads which point this is.
+                    os.write(2, (STOPPED_LINE.format(point=point) + "\n").encode())
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                    continue  # continued (SIGCONT): the step goes on
                 code = getattr(errno, action)
                 raise OSError(
                     code, f"{os.strerror(code)} (fault point {point})", *([str(path)] if path else [])

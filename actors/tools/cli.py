@@ -23,7 +23,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from parkway.actors.chaos import nemesis as chaos
+from parkway.actors.chaos import command as chaos
 from parkway.actors.run.config import ConfigError
 from parkway.actors.runtime.settings import SettingsError
 from parkway.actors.sdk.plugins import PluginError

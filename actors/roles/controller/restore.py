@@ -96,6 +96,7 @@ class RestoreSequence:
             try:
                 for step in RESTORE_SEQUENCE:
                     current = step.name
+                    self.host.faults.reach(f"restore_{step.name.value}")
                     await RESTORE_STEPS[step.name](self, attempt, step.stages)
                     if attempt.outcome is not None:
                         return attempt.outcome

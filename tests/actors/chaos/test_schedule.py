@@ -7,14 +7,19 @@ from collections import Counter
 import msgspec
 from parkway.actors.chaos.schedule import (
     BETWEEN,
+    BROKER_OUTAGE_S,
+    OUTAGES_PER_WORKLOAD,
     RESTORE_POINTS,
+    RESTORE_STEP_POINTS,
     SAVE_POINTS,
     ActorPoint,
     ControllerPoint,
     FaultKind,
     Injected,
+    OutagePoint,
     controller_step,
     matrix,
+    outage_plan,
     plan_cells,
     quick_matrix,
     random_plan,
@@ -23,6 +28,7 @@ from parkway.actors.chaos.schedule import (
     table_rows,
 )
 from parkway.protocol.history import Record, RestoreStarted, RunStarted, SnapshotDone, SnapshotStep
+from parkway.protocol.snapshot import RESTORE_SEQUENCE
 
 
 def cells_of(plans) -> list[tuple[str, str]]:
@@ -32,6 +38,7 @@ def cells_of(plans) -> list[tuple[str, str]]:
         cells += [(p.kind.value, p.point) for p in plan.controller_points]
         cells += [(FaultKind.KILL_ACTOR.value, p.point) for p in plan.actor_points]
         cells += [(t.kind.value, t.at_step or BETWEEN) for t in plan.timed]
+        cells += [(o.kind.value, o.point) for o in plan.outage_points]
     return cells
 
 
@@ -70,6 +77,10 @@ def test_a_workload_gets_at_most_one_broker_fault_two_save_kills_and_two_actor_k
         random_plan(i, 4, broker=True) for i in range(50)
     ]:
         brokers = [t for t in plan.timed if t.kind in (FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL)]
+        if len(plan.outage_points) > 1:  # a workload of outages at points holds nothing else but one kill
+            assert not brokers and not plan.actor_points and len(plan.controller_points) <= 1
+        else:
+            brokers += [o for o in plan.outage_points if o.kind is not FaultKind.STATE_UNWRITABLE]
         save_kills = [p for p in plan.controller_points if p.point not in RESTORE_POINTS]
         assert len(brokers) <= 1 and len(save_kills) <= 2, plan.describe()
         killed = [p.address for p in plan.actor_points] + [
@@ -144,3 +155,43 @@ def test_the_table_counts_runs_and_fails_a_cell_whose_workload_failed() -> None:
     assert text.splitlines()[0] == "| fault | protocol step | on | runs | workloads | outcome |"
     assert "| kill_controller | after_commit | controller | 2 | 2 | FAIL (workload 1) |" in text
     assert "| pause_actor | during prepare | tq/0 | 1 | 1 | FAIL (workload 1) |" in text
+
+
+def test_ci_restarts_the_broker_at_every_step_of_save_and_restore() -> None:
+    # Issue 14: the broker restarted at random times never caught a restart during prepare; the
+    # seeded CI run now restarts it at the start and end of every save step and at every restore step.
+    assert tuple(f"restore_{step.name.value}" for step in RESTORE_SEQUENCE) == RESTORE_STEP_POINTS
+    for cells in (quick_matrix(broker=True), matrix(broker=True)):
+        at_points = {c.step for c in cells if c.kind is FaultKind.BROKER_RESTART and c.outage_at_point}
+        assert at_points == set(SAVE_POINTS) | set(RESTORE_STEP_POINTS)
+    assert not [c for c in quick_matrix(broker=False) if c.outage_at_point]
+    plans = plan_cells(quick_matrix(broker=True), seed=1)
+    outages = [o for plan in plans for o in plan.outage_points]
+    assert sorted(o.point for o in outages) == sorted(SAVE_POINTS + RESTORE_STEP_POINTS)  # each once
+    assert {(o.kind, o.down_s) for o in outages} == {(FaultKind.BROKER_RESTART, BROKER_OUTAGE_S)}
+    for plan in plans:
+        points = [o for o in plan.outage_points]
+        restore = [o for o in points if o.in_restore]
+        if restore:  # restore steps need a restore: the workload kills its first controller
+            assert restore == points and [p.kind for p in plan.controller_points] == [
+                FaultKind.KILL_CONTROLLER
+            ]
+            assert all(o.nth == 1 for o in restore) and len(restore) <= OUTAGES_PER_WORKLOAD["restore"]
+        else:
+            assert len(points) <= OUTAGES_PER_WORKLOAD["save"] and all(o.nth >= 2 for o in points)
+
+
+def test_an_outage_point_stops_the_controller_there() -> None:
+    point = OutagePoint("save_prepare", FaultKind.BROKER_RESTART, 60.0, 2)
+    assert (point.spec, point.target, point.in_restore) == ("save_prepare=STOP@2", "broker", False)
+    restore = OutagePoint("restore_discover", FaultKind.STATE_UNWRITABLE, 60.0)
+    assert (restore.spec, restore.target, restore.in_restore) == ("restore_discover=STOP@1", "state", True)
+
+
+def test_a_long_outage_lands_on_a_save_point_drawn_from_the_seed() -> None:
+    plan = outage_plan(FaultKind.BROKER_RESTART, 60.0, seed=14)
+    [point] = plan.outage_points
+    assert point.point in SAVE_POINTS and point.down_s == 60.0 and point.nth >= 2
+    assert outage_plan(FaultKind.BROKER_RESTART, 60.0, seed=14) == plan
+    drawn = {outage_plan(FaultKind.STATE_UNWRITABLE, 60.0, seed=s).outage_points[0].point for s in range(40)}
+    assert len(drawn) > 5  # the seed moves it over the save steps
