@@ -12,19 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgspec
+from parkway.protocol import ranges
 
 
 class SnapshotHealth(msgspec.Struct, frozen=True, kw_only=True):
     """How the controller's snapshots stand (``parkway status``, the heartbeat, the metrics)."""
 
     newest_snapshot: str | None = None  # the newest published (or restored) ``snapshot_<seq>``
-    newest_published_at: float | None = None  # its manifest's ``created_at`` (wall clock)
-    consecutive_failures: int = 0  # failed attempts since the last one that published (or had nothing new)
-    failing_since: float | None = None  # when the first of them failed
-    last_failure_at: float | None = None  # the newest failure, even once a later snapshot published
+    newest_published_at: ranges.Seconds | None = None  # its manifest's ``created_at`` (wall clock)
+    consecutive_failures: ranges.Count = (
+        0  # failed attempts since the last one that published (or had nothing new)
+    )
+    failing_since: ranges.Seconds | None = None  # when the first of them failed
+    last_failure_at: ranges.Seconds | None = None  # the newest failure, even once a later snapshot published
     last_failure_step: str | None = None
     last_failure_reason: str | None = None
-    next_attempt_at: float | None = None  # when the snapshot loop tries next
+    next_attempt_at: ranges.Seconds | None = None  # when the snapshot loop tries next
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,13 @@ class FailureStreak:
     """The controller's record of its snapshots' outcomes (mutable; one per controller)."""
 
     newest_snapshot: str | None = None
-    newest_published_at: float | None = None
+    newest_published_at: ranges.Seconds | None = None
     consecutive: int = 0
-    failing_since: float | None = None
-    last_failure_at: float | None = None
+    failing_since: ranges.Seconds | None = None
+    last_failure_at: ranges.Seconds | None = None
     last_failure_step: str | None = None
     last_failure_reason: str | None = None
-    next_attempt_at: float | None = None
+    next_attempt_at: ranges.Seconds | None = None
 
     def published(self, snapshot: str, created_at: float) -> None:
         """A snapshot was published (or restored from, at start): the streak ends."""
