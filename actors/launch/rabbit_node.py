@@ -137,10 +137,20 @@ class RabbitNode:
 
     def restart_app(self) -> None:
         """``stop_app`` then ``start_app``: connections drop, durable queues stay."""
-        for command in ("stop_app", "start_app"):
-            result = self._ctl(command)
-            if result.returncode != 0:
-                raise BrokerNodeError(f"rabbitmqctl {command} failed: {result.stderr[-2000:]}")
+        self.stop_app()
+        self.start_app()
+
+    def stop_app(self) -> None:
+        """The broker goes away (every connection drops) while the node's VM stays up."""
+        self._app("stop_app")
+
+    def start_app(self) -> None:
+        self._app("start_app")
+
+    def _app(self, command: str) -> None:
+        result = self._ctl(command)
+        if result.returncode != 0:
+            raise BrokerNodeError(f"rabbitmqctl {command} failed: {result.stderr[-2000:]}")
 
     def vm_pid(self) -> int | None:
         try:
