@@ -117,6 +117,8 @@ class Actor:
         self._probe_log = state_dir / "probe.log" if state_dir else None
         self._heartbeat: asyncio.Task[None] | None = None
         self._answered_requests: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Requests whose first delivery is being handled: that delivery, and a future set when it is done.
+        self._replying: dict[tuple[str, str], tuple[Delivery, asyncio.Future[None]]] = {}
 
     @property
     def run(self) -> str:
@@ -161,8 +163,19 @@ class Actor:
 
     # -- the delivery pipeline -----------------------------------------------------------------
     async def _on_delivery(self, delivery: Delivery) -> None:
-        with structlog.contextvars.bound_contextvars(**self.log_context()):
-            await self._handle(delivery)
+        # The first delivery of a request owns its reply; a redelivery of it while that one is still
+        # in hand (its channel was closed under it: consumer_timeout, a broker restart) waits for it.
+        key = self._request_key(delivery.envelope)
+        owner = key is not None and key not in self._replying
+        if owner:
+            self._replying[key] = (delivery, asyncio.get_running_loop().create_future())
+        try:
+            with structlog.contextvars.bound_contextvars(**self.log_context()):
+                await self._handle(delivery)
+        finally:
+            if owner:
+                _, done = self._replying.pop(key)
+                done.set_result(None)
 
     async def _handle(self, delivery: Delivery) -> None:
         envelope = delivery.envelope
@@ -256,6 +269,9 @@ class Actor:
         request gets one reply."""
         request = delivery.envelope
         key = self._request_key(request)
+        owner = self._replying.get(key) if key is not None else None
+        if owner is not None and owner[0] is not delivery:
+            await asyncio.shield(owner[1])  # the first delivery of this request answers it, or fails to
         if key is not None and key in self._answered_requests:
             log.info("reply_already_sent", correlation_id=request.correlation_id)
             await delivery.ack()
