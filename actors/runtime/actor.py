@@ -166,15 +166,15 @@ class Actor:
         # The first delivery of a request owns its reply; a redelivery of it while that one is still
         # in hand (its channel was closed under it: consumer_timeout, a broker restart) waits for it.
         key = self._request_key(delivery.envelope)
-        owner = key is not None and key not in self._replying
-        if owner:
-            self._replying[key] = (delivery, asyncio.get_running_loop().create_future())
+        owned = key if key is not None and key not in self._replying else None
+        if owned is not None:
+            self._replying[owned] = (delivery, asyncio.get_running_loop().create_future())
         try:
             with structlog.contextvars.bound_contextvars(**self.log_context()):
                 await self._handle(delivery)
         finally:
-            if owner:
-                _, done = self._replying.pop(key)
+            if owned is not None:
+                _, done = self._replying.pop(owned)
                 done.set_result(None)
 
     async def _handle(self, delivery: Delivery) -> None:
