@@ -9,6 +9,7 @@ escaped the delivery handler, and the requesters waited out their 600 s deadline
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,13 +96,16 @@ async def test_actors_answer_requests_after_a_broker_restart(node: RabbitNode, t
 
             # A command is being handled when the broker goes away, and its handler finishes (its effect,
             # the probe log line, is written) while the broker is down: the reply cannot be sent then.
+            # The actor is frozen (SIGSTOP) across stop_app so that its reply cannot go out before.
             in_flight = asyncio.ensure_future(
                 client.request(
-                    "resources/1", Probe(checkpoint_id="during", deadline=time.time() + 120, work_s=1.0)
+                    "resources/1", Probe(checkpoint_id="during", deadline=time.time() + 120, work_s=3.0)
                 )
             )
             await wait_handling(client, "resources/1")
+            started[1].signal(signal.SIGSTOP)
             await asyncio.to_thread(node.stop_app)
+            started[1].signal(signal.SIGCONT)
             with pytest.raises(BrokerError):
                 await in_flight  # fails fast: the reply address died with the requester's connection
             await until(lambda: bool(probe_lines(tmp_path, "during")), timeout=30)
