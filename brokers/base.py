@@ -56,6 +56,11 @@ class Unroutable(BrokerError):
     """Published to an address that has no queue in this run."""
 
 
+class UnreachableReplyAddress(BrokerError):
+    """The broker refused a reply address by closing the connection (a forged or foreign direct reply-to
+    address): it is not tried again, and later replies to it are not sent."""
+
+
 class RequestTimeout(BrokerError):
     """No reply arrived before the request's deadline."""
 

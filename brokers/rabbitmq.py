@@ -27,16 +27,20 @@ is down, the channel was closed) is known: it is tried again on a fresh channel,
 times, before ``reply`` raises ``BrokerError`` (the actor then leaves the delivery for redelivery and
 its reply cache answers the redelivery). Replies go only to direct reply-to addresses
 (``amq.rabbitmq.reply-to.*``) or server-named queues (``amq.gen-*``): names no client can declare, so
-never another actor's command queue.
+never another actor's command queue. A direct reply-to address RabbitMQ cannot resolve (one of another
+node, or forged) makes RabbitMQ 3.10 close the whole connection with ``INTERNAL_ERROR``: such an address
+is remembered and never published to again (``UnreachableReplyAddress``), so one hostile message takes
+the connection down once, not on every redelivery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -62,6 +66,7 @@ from parkway.brokers.base import (
     Delivery,
     DeliveryHandler,
     Envelope,
+    UnreachableReplyAddress,
     Unroutable,
     as_dead_letter,
     dead_letter_headers,
@@ -77,6 +82,7 @@ REPLY_ADDRESS_PREFIXES = (f"{DIRECT_REPLY_TO}.", "amq.gen-")
 REPLY_ATTEMPTS = 6  # tries of one reply before it is left to the redelivery
 REPLY_RETRY_S = 0.25  # the first pause between tries; it doubles each time (0.25 s .. 4 s, ~8 s in all)
 REPLY_TRY_TIMEOUT_S = 10.0  # one try: waiting for the connection, opening a channel, the confirm
+REPLY_ADDRESSES_KEPT = 10_000  # reply addresses remembered as good, and as refused
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, aio_pika.exceptions.ChannelInvalidStateError, RuntimeError)
 _TRANSPORT_ERRORS = (
     aiormq.exceptions.AMQPError,
@@ -85,6 +91,13 @@ _TRANSPORT_ERRORS = (
 )
 LOG_STREAM_MAX_BYTES = 256 * 1024 * 1024
 REPLIES_READY_TIMEOUT_S = 30.0  # how long a request waits for a reopened channel's reply consumer
+
+
+def _remember(addresses: collections.OrderedDict[str, None], address: str) -> None:
+    addresses[address] = None
+    addresses.move_to_end(address)
+    if len(addresses) > REPLY_ADDRESSES_KEPT:
+        addresses.popitem(last=False)
 
 
 def _envelope(message: AbstractIncomingMessage) -> Envelope:
@@ -167,6 +180,11 @@ class RabbitBroker(Broker):
         self._replies_ready = asyncio.Event()  # the direct reply-to consumer runs on the channel
         self._reply_channel: AbstractChannel | None = None  # replies to others' requests go out here
         self._reply_channel_lock = asyncio.Lock()
+        self._refused_reply_addresses: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._good_reply_addresses: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._reply_exclusive = asyncio.Lock()
+        self._replies_publishing = 0
+        self._replies_idle = asyncio.Event()
 
     # -- names ---------------------------------------------------------------------------------
     @property
@@ -311,28 +329,56 @@ class RabbitBroker(Broker):
         self._pending.deliver(_envelope(message))
 
     def is_reply_address(self, reply_to: str) -> bool:
-        return reply_to.startswith(REPLY_ADDRESS_PREFIXES)
+        return reply_to.startswith(REPLY_ADDRESS_PREFIXES) and reply_to not in self._refused_reply_addresses
 
     async def reply(self, reply_to: str, envelope: Envelope) -> None:
         assert self._connection is not None, "broker not started"
         pause = REPLY_RETRY_S
         for attempt in range(1, REPLY_ATTEMPTS + 1):
+            known = reply_to in self._good_reply_addresses
             try:
-                with anyio.fail_after(REPLY_TRY_TIMEOUT_S):
-                    channel = await self._open_reply_channel()
-                    # The default exchange; mandatory=False, as direct reply-to requires.
-                    await channel.default_exchange.publish(
-                        _message(envelope), routing_key=reply_to, mandatory=False
-                    )
+                async with self._reply_slot(exclusive=not known):
+                    with anyio.fail_after(REPLY_TRY_TIMEOUT_S):
+                        channel = await self._open_reply_channel()
+                        # The default exchange; mandatory=False, as direct reply-to requires.
+                        await channel.default_exchange.publish(
+                            _message(envelope), routing_key=reply_to, mandatory=False
+                        )
+                _remember(self._good_reply_addresses, reply_to)
                 return
             except (*_TRANSPORT_ERRORS, RuntimeError, TimeoutError) as exc:
                 await self._drop_reply_channel()
+                # Published alone (a first reply to this address): the connection died of this address.
+                if not known and isinstance(exc, aiormq.exceptions.ConnectionInternalError):
+                    _remember(self._refused_reply_addresses, reply_to)
+                    raise UnreachableReplyAddress(
+                        f"reply to {reply_to!r}: the broker closed the connection over it ({exc!r})"
+                    ) from exc
                 if attempt == REPLY_ATTEMPTS:
                     raise BrokerError(f"reply to {reply_to!r} failed after {attempt} tries: {exc!r}") from exc
                 self.reply_retries += 1
                 log.info("reply_retry", attempt=attempt, error=repr(exc))
             await asyncio.sleep(pause)
             pause *= 2
+
+    @contextlib.asynccontextmanager
+    async def _reply_slot(self, *, exclusive: bool) -> AsyncIterator[None]:
+        """Replies to known addresses go out side by side; the first reply to a new address goes out
+        alone, so that a connection RabbitMQ closes over it is blamed on that address only."""
+        async with self._reply_exclusive:
+            if exclusive:
+                while self._replies_publishing:
+                    await self._replies_idle.wait()
+                yield
+                return
+            self._replies_publishing += 1
+            self._replies_idle.clear()
+        try:
+            yield
+        finally:
+            self._replies_publishing -= 1
+            if not self._replies_publishing:
+                self._replies_idle.set()
 
     async def _open_reply_channel(self) -> AbstractChannel:
         """The reply channel, opened anew when there is none or it was closed (once the connection is

@@ -46,7 +46,15 @@ from parkway.actors.runtime.metrics import (
     ActorMetrics,
 )
 from parkway.actors.runtime.replies import ReplyCache
-from parkway.brokers.base import REQUEST_ID_HEADER, Broker, BrokerError, Consumer, Delivery, Envelope
+from parkway.brokers.base import (
+    REQUEST_ID_HEADER,
+    Broker,
+    BrokerError,
+    Consumer,
+    Delivery,
+    Envelope,
+    UnreachableReplyAddress,
+)
 from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Started
@@ -289,6 +297,11 @@ class Actor:
         """Send the reply; False only when the transport failed every try (logged and counted)."""
         try:
             await self._send_reply(request, content)
+        except UnreachableReplyAddress as exc:  # settled as usual: a redelivery could only fail the same way
+            self.counts["reply_refused"] += 1
+            self.metrics.reply_not_sent(REPLY_NOT_A_REPLY_ADDRESS)
+            log.warning("reply_address_unreachable", correlation_id=request.correlation_id, detail=str(exc))
+            return True
         except BrokerError as exc:
             self.counts["reply_failed"] += 1
             self.metrics.reply_not_sent(REPLY_TRANSPORT)
