@@ -13,7 +13,11 @@ Semantics (checked by ``tests/brokers/test_contract.py`` against both brokers):
   death) is redelivered with ``redelivered=True``.
 - A consumer can be paused and resumed: while paused, deliveries are held (unacked, in order) and the
   handler is not called; resume hands them over first. This is what an admission gate is made of.
-- ``dead_letter`` moves a delivery to the run's dead-letter queue with the error that sent it there.
+- ``dead_letter`` moves a delivery to the run's dead-letter queue with the error that sent it there. The
+  queue is bounded (``DeadLetterBounds``: a length and an age); one that is full refuses the new dead
+  letter, which is dropped and counted (``dead_letters_dropped``), and the delivery is settled anyway.
+- ``reply`` sends only to a reply address (``is_reply_address``: one the broker made for a requester),
+  retrying a bounded number of times on a transport failure before it raises ``BrokerError``.
 - Logs go to a per-run log stream; ``follow_logs`` reads it from the start or live.
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import os
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -30,6 +35,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
+
+DEAD_LETTER_MAX_LENGTH_ENV = "PARKWAY_DEAD_LETTER_MAX_LENGTH"
+DEAD_LETTER_MAX_AGE_ENV = "PARKWAY_DEAD_LETTER_MAX_AGE_S"
+DEFAULT_DEAD_LETTER_MAX_LENGTH = 10_000
+DEFAULT_DEAD_LETTER_MAX_AGE_S = 7 * 24 * 3600.0  # a week
 
 REQUEST_ID_HEADER = "x-parkway-request-id"
 ERROR_CODE_HEADER = "x-parkway-error-code"
@@ -46,6 +56,11 @@ class Unroutable(BrokerError):
     """Published to an address that has no queue in this run."""
 
 
+class UnreachableReplyAddress(BrokerError):
+    """The broker refused a reply address by closing the connection (a forged or foreign direct reply-to
+    address): it is not tried again, and later replies to it are not sent."""
+
+
 class RequestTimeout(BrokerError):
     """No reply arrived before the request's deadline."""
 
@@ -60,6 +75,38 @@ class Envelope:
     headers: Mapping[str, str] = field(default_factory=dict)
     reply_to: str | None = None
     persistent: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterBounds:
+    """How much the run's dead-letter queue keeps: at most ``max_length`` messages (a full queue refuses
+    new ones: they are dropped and counted), none older than ``max_age_s`` seconds (expired ones are
+    dropped by the broker). A broker keeps the bounds its queue was first declared with."""
+
+    max_length: int = DEFAULT_DEAD_LETTER_MAX_LENGTH
+    max_age_s: float = DEFAULT_DEAD_LETTER_MAX_AGE_S
+
+    def __post_init__(self) -> None:
+        if self.max_length < 1:
+            raise ValueError(f"dead-letter max length {self.max_length}: want at least 1")
+        if not 1.0 <= self.max_age_s <= 365 * 24 * 3600.0:
+            raise ValueError(f"dead-letter max age {self.max_age_s} s: want 1 s to a year")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DeadLetterBounds:
+        """``PARKWAY_DEAD_LETTER_MAX_LENGTH`` and ``PARKWAY_DEAD_LETTER_MAX_AGE_S``, else the defaults."""
+        env = os.environ if environ is None else environ
+        length_text = env.get(DEAD_LETTER_MAX_LENGTH_ENV, "").strip()
+        age_text = env.get(DEAD_LETTER_MAX_AGE_ENV, "").strip()
+        try:
+            length = int(length_text) if length_text else DEFAULT_DEAD_LETTER_MAX_LENGTH
+        except ValueError:
+            raise ValueError(f"{DEAD_LETTER_MAX_LENGTH_ENV}={length_text!r}: want a whole number") from None
+        try:
+            age = float(age_text) if age_text else DEFAULT_DEAD_LETTER_MAX_AGE_S
+        except ValueError:
+            raise ValueError(f"{DEAD_LETTER_MAX_AGE_ENV}={age_text!r}: want a number of seconds") from None
+        return cls(max_length=length, max_age_s=age)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +214,13 @@ class Broker(ABC):
 
     reply_address: str = ""  # where replies to this connection's requests go; set by each transport
 
-    def __init__(self, run: str) -> None:
+    def __init__(self, run: str, *, dead_letter_bounds: DeadLetterBounds | None = None) -> None:
         self.run = run
+        self.dead_letter_bounds = dead_letter_bounds or DeadLetterBounds.from_env()
+        # False when the run's dead-letter queue already existed with other bounds (it keeps those).
+        self.dead_letter_bounds_applied = True
+        self.dead_letters_dropped = 0  # dead letters the full queue refused
+        self.reply_retries = 0  # reply publishes that failed and were tried again
         self._pending = PendingReplies(self)
         self._request_ids = itertools.count()
         self._client_id = uuid.uuid4().hex[:12]
@@ -210,18 +262,33 @@ class Broker(ABC):
         return await self._pending.wait(request_id, future, deadline=deadline)
 
     @abstractmethod
-    async def reply(self, reply_to: str, envelope: Envelope) -> None: ...
+    def is_reply_address(self, reply_to: str) -> bool:
+        """Whether ``reply_to`` is an address this broker makes for requesters (never a command queue)."""
+
+    @abstractmethod
+    async def reply(self, reply_to: str, envelope: Envelope) -> None:
+        """Send a reply; ``BrokerError`` once a bounded number of tries failed on the transport."""
 
     @abstractmethod
     async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer: ...
 
     @abstractmethod
-    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> None:
-        """Move a delivery to the dead-letter queue (confirmed), then settle it."""
+    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> bool:
+        """Move a delivery to the dead-letter queue (confirmed), then settle it. False when the queue was
+        full and refused it: the dead letter is dropped (and counted), the delivery settled all the same."""
 
     @abstractmethod
     async def read_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
         """Take up to ``limit`` messages off the dead-letter queue (for tests and the CLI)."""
+
+    @abstractmethod
+    async def peek_dead_letters(self, limit: int = 100) -> tuple[list[DeadLetter], int]:
+        """The oldest ``limit`` dead letters, left in the queue, and how many the queue holds."""
+
+    @abstractmethod
+    async def purge_dead_letters(self, *, recreate: bool = False) -> int:
+        """Empty the dead-letter queue and return how many it held; ``recreate`` declares it anew with
+        this broker's bounds (the way to change the bounds of a queue that already exists)."""
 
     @abstractmethod
     async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None: ...

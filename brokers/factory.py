@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parkway.brokers.base import Broker
+from parkway.brokers.base import Broker, BrokerError, DeadLetterBounds
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 # One hub per process: every ``memory://`` connection in a process shares it, like one broker node.
@@ -10,11 +10,16 @@ _PROCESS_HUB = MemoryHub()
 
 
 def connect(url: str, run: str, *, connection_name: str | None = None) -> Broker:
-    """A not-yet-started broker connection for ``run`` (use ``async with`` or ``await start()``)."""
+    """A not-yet-started broker connection for ``run`` (use ``async with`` or ``await start()``), its
+    dead-letter bounds from ``PARKWAY_DEAD_LETTER_MAX_LENGTH`` / ``PARKWAY_DEAD_LETTER_MAX_AGE_S``."""
+    try:
+        bounds = DeadLetterBounds.from_env()
+    except ValueError as exc:
+        raise BrokerError(f"dead-letter bounds: {exc}") from None
     if url.startswith("memory://"):
-        return MemoryBroker(_PROCESS_HUB, run)
+        return MemoryBroker(_PROCESS_HUB, run, dead_letter_bounds=bounds)
     if url.startswith(("amqp://", "amqps://")):
         from parkway.brokers.rabbitmq import RabbitBroker  # aio-pika loads only when used
 
-        return RabbitBroker(url, run, connection_name=connection_name)
+        return RabbitBroker(url, run, connection_name=connection_name, dead_letter_bounds=bounds)
     raise ValueError(f"unsupported broker URL {url!r}: use memory:// or amqp://user:pass@host:port/")

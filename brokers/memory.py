@@ -3,6 +3,10 @@
 ``MemoryHub`` is the broker "server" (queues, the dead-letter queue, the log stream), shared by every
 ``MemoryBroker`` connection in the process. A connection that closes, like a process that dies,
 hands its unsettled deliveries back to their queues, marked redelivered.
+
+Each run's dead-letter queue is bounded like the RabbitMQ one (``reject-publish``): a full queue refuses
+a new dead letter (dropped, counted), and letters older than the age bound are gone. Replies go only to
+reply addresses this hub made (``memory-reply/<n>``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from parkway.brokers.base import (
     Broker,
     Consumer,
     DeadLetter,
+    DeadLetterBounds,
     Delivery,
     DeliveryHandler,
     Envelope,
@@ -27,6 +32,7 @@ from parkway.brokers.base import (
 )
 
 LOG_STREAM_LIMIT = 100_000  # lines kept, oldest dropped first (a stream with a retention limit)
+REPLY_PREFIX = "memory-reply/"
 
 
 @dataclass
@@ -41,7 +47,11 @@ class MemoryHub:
 
     def __init__(self) -> None:
         self.queues: dict[tuple[str, str], _Queue] = {}
-        self.dead: dict[str, collections.deque[Envelope]] = collections.defaultdict(collections.deque)
+        # Each run's dead letters, (time dead-lettered, message), and the bounds its queue was made with.
+        self.dead: dict[str, collections.deque[tuple[float, Envelope]]] = collections.defaultdict(
+            collections.deque
+        )
+        self.dead_bounds: dict[str, DeadLetterBounds] = {}
         # Each run's log stream: (time published, line).
         self.logs: dict[str, collections.deque[tuple[float, bytes]]] = collections.defaultdict(
             lambda: collections.deque(maxlen=LOG_STREAM_LIMIT)
@@ -52,6 +62,20 @@ class MemoryHub:
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    def declare_dead(self, run: str, bounds: DeadLetterBounds) -> bool:
+        """The run's dead-letter queue with ``bounds``; False when it exists with others (kept)."""
+        return self.dead_bounds.setdefault(run, bounds) == bounds
+
+    def live_dead(self, run: str) -> collections.deque[tuple[float, Envelope]]:
+        """The run's dead letters, those past the age bound dropped first (as a message TTL does)."""
+        dead = self.dead[run]
+        bounds = self.dead_bounds.get(run)
+        if bounds is not None:
+            oldest = time.time() - bounds.max_age_s
+            while dead and dead[0][0] < oldest:
+                dead.popleft()
+        return dead
 
     def enqueue(self, run: str, address: str, envelope: Envelope, *, redelivered: bool = False) -> None:
         queue = self.queues.get((run, address))
@@ -129,14 +153,17 @@ class _MemoryConsumer(Consumer):
 class MemoryBroker(Broker):
     """One connection to a ``MemoryHub``."""
 
-    def __init__(self, hub: MemoryHub, run: str) -> None:
-        super().__init__(run)
+    def __init__(
+        self, hub: MemoryHub, run: str, *, dead_letter_bounds: DeadLetterBounds | None = None
+    ) -> None:
+        super().__init__(run, dead_letter_bounds=dead_letter_bounds)
         self.hub = hub
-        self.reply_address = f"memory-reply/{hub.next_id()}"
+        self.reply_address = f"{REPLY_PREFIX}{hub.next_id()}"
         self._consumers: list[_MemoryConsumer] = []
 
     async def start(self) -> None:
         self.hub.reply_sinks[self.reply_address] = self
+        self.dead_letter_bounds_applied = self.hub.declare_dead(self.run, self.dead_letter_bounds)
 
     async def close(self) -> None:
         for consumer in list(self._consumers):
@@ -151,6 +178,9 @@ class MemoryBroker(Broker):
     async def publish(self, address: str, envelope: Envelope) -> None:
         await asyncio.sleep(0)  # a publish is a suspension point, as it is over the network
         self.hub.enqueue(self.run, address, envelope)
+
+    def is_reply_address(self, reply_to: str) -> bool:
+        return reply_to.startswith(REPLY_PREFIX)
 
     async def reply(self, reply_to: str, envelope: Envelope) -> None:
         await asyncio.sleep(0)
@@ -168,17 +198,37 @@ class MemoryBroker(Broker):
         self.hub.pump(queue)
         return consumer
 
-    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> None:
+    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> bool:
         headers = dead_letter_headers(delivery.envelope, origin=delivery.address, code=code, detail=detail)
-        self.hub.dead[self.run].append(replace(delivery.envelope, headers=headers))
+        dead = self.hub.live_dead(self.run)
+        bounds = self.hub.dead_bounds.get(self.run, self.dead_letter_bounds)
+        kept = len(dead) < bounds.max_length
+        if kept:
+            dead.append((time.time(), replace(delivery.envelope, headers=headers)))
+        else:
+            self.dead_letters_dropped += 1
         await delivery.ack()
+        return kept
 
     async def read_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
-        dead = self.hub.dead[self.run]
+        dead = self.hub.live_dead(self.run)
         taken: list[DeadLetter] = []
         while dead and len(taken) < limit:
-            taken.append(as_dead_letter(dead.popleft()))
+            taken.append(as_dead_letter(dead.popleft()[1]))
         return taken
+
+    async def peek_dead_letters(self, limit: int = 100) -> tuple[list[DeadLetter], int]:
+        dead = self.hub.live_dead(self.run)
+        return [as_dead_letter(envelope) for _, envelope in list(dead)[:limit]], len(dead)
+
+    async def purge_dead_letters(self, *, recreate: bool = False) -> int:
+        dead = self.hub.live_dead(self.run)
+        held = len(dead)
+        dead.clear()
+        if recreate:
+            self.hub.dead_bounds[self.run] = self.dead_letter_bounds
+            self.dead_letter_bounds_applied = True
+        return held
 
     async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None:
         self.hub.logs[self.run].append((time.time(), line))

@@ -4,7 +4,12 @@ Per run ``R`` it declares, all durable:
 
 - exchange ``pk.R`` (direct): routes a message to the queue of its address; queues are ``pk.R.q.<address>``
   and dead-letter (expired or rejected messages) to ``pk.R.dlx``;
-- exchange ``pk.R.dlx`` (fanout) -> queue ``pk.R.dead``: the run's dead-letter queue;
+- exchange ``pk.R.dlx`` (fanout) -> queue ``pk.R.dead``: the run's dead-letter queue, bounded by
+  ``x-max-length`` and ``x-message-ttl`` with ``x-overflow: reject-publish``: a full queue nacks the
+  publish (confirms are on), so the actor knows the dead letter was dropped and counts it. RabbitMQ
+  refuses to redeclare a queue with other arguments (``PRECONDITION_FAILED``): a queue declared before
+  (older parkway, other bounds) is used as it is, ``dead_letter_bounds_applied`` is False, and
+  ``parkway dead-letters purge --recreate`` makes it anew with the configured bounds;
 - exchange ``pk.R.logs`` (fanout) -> stream ``pk.R.logs``: every actor's log lines, readable from the start.
 
 Requests use direct reply-to on one channel; each consumer gets a channel of its own, so cancelling
@@ -16,21 +21,33 @@ and no request is published before it does (RabbitMQ refuses a request whose rep
 "fast reply consumer does not exist", and closes the channel). A reply address dies with its channel:
 requests still waiting when the channel closes fail at once with ``BrokerError`` instead of waiting
 for a reply that can no longer come.
+
+Replies are published on a channel of their own, with confirms, so a reply that fails (the connection
+is down, the channel was closed) is known: it is tried again on a fresh channel, a bounded number of
+times, before ``reply`` raises ``BrokerError`` (the actor then leaves the delivery for redelivery and
+its reply cache answers the redelivery). Replies go only to direct reply-to addresses
+(``amq.rabbitmq.reply-to.*``) or server-named queues (``amq.gen-*``): names no client can declare, so
+never another actor's command queue. A direct reply-to address RabbitMQ cannot resolve (one of another
+node, or forged) makes RabbitMQ 3.10 close the whole connection with ``INTERNAL_ERROR``: such an address
+is remembered and never published to again (``UnreachableReplyAddress``), so one hostile message takes
+the connection down once, not on every redelivery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 import aio_pika
 import aiormq
 import anyio
+import structlog
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -45,16 +62,27 @@ from parkway.brokers.base import (
     BrokerError,
     Consumer,
     DeadLetter,
+    DeadLetterBounds,
     Delivery,
     DeliveryHandler,
     Envelope,
+    UnreachableReplyAddress,
     Unroutable,
     as_dead_letter,
     dead_letter_headers,
 )
 from parkway.brokers.urls import redact_url
 
+log = structlog.get_logger("parkway.broker")
+
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
+# What RabbitMQ makes for a requester: direct reply-to names and server-named queues. No client may
+# declare a queue whose name starts with "amq.", so these are never an actor's command queue.
+REPLY_ADDRESS_PREFIXES = (f"{DIRECT_REPLY_TO}.", "amq.gen-")
+REPLY_ATTEMPTS = 6  # tries of one reply before it is left to the redelivery
+REPLY_RETRY_S = 0.25  # the first pause between tries; it doubles each time (0.25 s .. 4 s, ~8 s in all)
+REPLY_TRY_TIMEOUT_S = 10.0  # one try: waiting for the connection, opening a channel, the confirm
+REPLY_ADDRESSES_KEPT = 10_000  # reply addresses remembered as good, and as refused
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, aio_pika.exceptions.ChannelInvalidStateError, RuntimeError)
 _TRANSPORT_ERRORS = (
     aiormq.exceptions.AMQPError,
@@ -63,6 +91,13 @@ _TRANSPORT_ERRORS = (
 )
 LOG_STREAM_MAX_BYTES = 256 * 1024 * 1024
 REPLIES_READY_TIMEOUT_S = 30.0  # how long a request waits for a reopened channel's reply consumer
+
+
+def _remember(addresses: collections.OrderedDict[str, None], address: str) -> None:
+    addresses[address] = None
+    addresses.move_to_end(address)
+    if len(addresses) > REPLY_ADDRESSES_KEPT:
+        addresses.popitem(last=False)
 
 
 def _envelope(message: AbstractIncomingMessage) -> Envelope:
@@ -122,8 +157,15 @@ class _RabbitConsumer(Consumer):
 
 
 class RabbitBroker(Broker):
-    def __init__(self, url: str, run: str, *, connection_name: str | None = None) -> None:
-        super().__init__(run)
+    def __init__(
+        self,
+        url: str,
+        run: str,
+        *,
+        connection_name: str | None = None,
+        dead_letter_bounds: DeadLetterBounds | None = None,
+    ) -> None:
+        super().__init__(run, dead_letter_bounds=dead_letter_bounds)
         self.url = url
         self.connection_name = connection_name or f"parkway-{run}-{os.getpid()}"
         self._connection: AbstractRobustConnection | None = None
@@ -136,6 +178,13 @@ class RabbitBroker(Broker):
         self._consumers: list[_RabbitConsumer] = []
         self._declared: set[str] = set()
         self._replies_ready = asyncio.Event()  # the direct reply-to consumer runs on the channel
+        self._reply_channel: AbstractChannel | None = None  # replies to others' requests go out here
+        self._reply_channel_lock = asyncio.Lock()
+        self._refused_reply_addresses: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._good_reply_addresses: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._reply_exclusive = asyncio.Lock()
+        self._replies_publishing = 0
+        self._replies_idle = asyncio.Event()
 
     # -- names ---------------------------------------------------------------------------------
     @property
@@ -144,6 +193,17 @@ class RabbitBroker(Broker):
 
     def queue_name(self, address: str) -> str:
         return f"{self.prefix}.q.{address}"
+
+    @property
+    def dead_queue_name(self) -> str:
+        return f"{self.prefix}.dead"
+
+    def dead_queue_arguments(self) -> dict[str, FieldValue]:
+        return {
+            "x-max-length": self.dead_letter_bounds.max_length,
+            "x-message-ttl": int(self.dead_letter_bounds.max_age_s * 1000),
+            "x-overflow": "reject-publish",
+        }
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -162,7 +222,8 @@ class RabbitBroker(Broker):
         self._dlx = await channel.declare_exchange(
             f"{self.prefix}.dlx", aio_pika.ExchangeType.FANOUT, durable=True
         )
-        self._dead_queue = await channel.declare_queue(f"{self.prefix}.dead", durable=True)
+        self.dead_letter_bounds_applied = await self._declare_dead_queue()
+        self._dead_queue = await channel.declare_queue(self.dead_queue_name, passive=True)
         await self._dead_queue.bind(self._dlx)
         self._logs = await channel.declare_exchange(
             f"{self.prefix}.logs", aio_pika.ExchangeType.FANOUT, durable=True
@@ -178,6 +239,28 @@ class RabbitBroker(Broker):
         channel.close_callbacks.add(self._on_channel_closed)
         channel.reopen_callbacks.add(self._on_channel_reopened)
         await self._consume_replies()
+
+    async def _declare_dead_queue(self) -> bool:
+        """Declare the dead-letter queue with the bounds, on a channel of its own: a queue that exists
+        with other arguments fails the declaration and closes that channel. False in that case."""
+        assert self._connection is not None
+        channel = await self._connection.channel()
+        try:
+            await channel.declare_queue(
+                self.dead_queue_name, durable=True, arguments=self.dead_queue_arguments()
+            )
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            log.warning(
+                "dead_letter_queue_kept",
+                queue=self.dead_queue_name,
+                detail=str(exc),
+                remedy="parkway dead-letters purge --recreate",
+            )
+            return False
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+        return True
 
     async def _consume_replies(self) -> None:
         assert self._channel is not None
@@ -202,6 +285,9 @@ class RabbitBroker(Broker):
             await consumer.cancel()
         self._consumers.clear()
         self._pending.fail_all(ConnectionError("broker connection closed"))
+        if self._reply_channel is not None and not self._reply_channel.is_closed:
+            with contextlib.suppress(*_CHANNEL_GONE, asyncio.CancelledError):
+                await self._reply_channel.close()
         if self._connection is not None and not self._connection.is_closed:
             await self._connection.close()
 
@@ -242,19 +328,77 @@ class RabbitBroker(Broker):
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
         self._pending.deliver(_envelope(message))
 
+    def is_reply_address(self, reply_to: str) -> bool:
+        return reply_to.startswith(REPLY_ADDRESS_PREFIXES) and reply_to not in self._refused_reply_addresses
+
     async def reply(self, reply_to: str, envelope: Envelope) -> None:
-        assert self._channel is not None, "broker not started"
+        assert self._connection is not None, "broker not started"
+        pause = REPLY_RETRY_S
+        for attempt in range(1, REPLY_ATTEMPTS + 1):
+            known = reply_to in self._good_reply_addresses
+            try:
+                async with self._reply_slot(exclusive=not known):
+                    with anyio.fail_after(REPLY_TRY_TIMEOUT_S):
+                        channel = await self._open_reply_channel()
+                        # The default exchange; mandatory=False, as direct reply-to requires.
+                        await channel.default_exchange.publish(
+                            _message(envelope), routing_key=reply_to, mandatory=False
+                        )
+                _remember(self._good_reply_addresses, reply_to)
+                return
+            except (*_TRANSPORT_ERRORS, RuntimeError, TimeoutError) as exc:
+                await self._drop_reply_channel()
+                # Published alone (a first reply to this address): the connection died of this address.
+                if not known and isinstance(exc, aiormq.exceptions.ConnectionInternalError):
+                    _remember(self._refused_reply_addresses, reply_to)
+                    raise UnreachableReplyAddress(
+                        f"reply to {reply_to!r}: the broker closed the connection over it ({exc!r})"
+                    ) from exc
+                if attempt == REPLY_ATTEMPTS:
+                    raise BrokerError(f"reply to {reply_to!r} failed after {attempt} tries: {exc!r}") from exc
+                self.reply_retries += 1
+                log.info("reply_retry", attempt=attempt, error=repr(exc))
+            await asyncio.sleep(pause)
+            pause *= 2
+
+    @contextlib.asynccontextmanager
+    async def _reply_slot(self, *, exclusive: bool) -> AsyncIterator[None]:
+        """Replies to known addresses go out side by side; the first reply to a new address goes out
+        alone, so that a connection RabbitMQ closes over it is blamed on that address only."""
+        async with self._reply_exclusive:
+            if exclusive:
+                while self._replies_publishing:
+                    await self._replies_idle.wait()
+                yield
+                return
+            self._replies_publishing += 1
+            self._replies_idle.clear()
         try:
-            # Replies go through the default exchange; mandatory=False, as direct reply-to requires.
-            await self._channel.default_exchange.publish(
-                _message(envelope), routing_key=reply_to, mandatory=False
-            )
-        except (
-            aiormq.exceptions.AMQPError,
-            aio_pika.exceptions.ChannelInvalidStateError,
-            ConnectionError,
-        ) as exc:
-            raise BrokerError(f"reply to {reply_to!r} failed: {exc}") from exc
+            yield
+        finally:
+            self._replies_publishing -= 1
+            if not self._replies_publishing:
+                self._replies_idle.set()
+
+    async def _open_reply_channel(self) -> AbstractChannel:
+        """The reply channel, opened anew when there is none or it was closed (once the connection is
+        back, after a broker restart)."""
+        assert self._connection is not None
+        async with self._reply_channel_lock:
+            channel = self._reply_channel
+            if channel is not None and not channel.is_closed:
+                return channel
+            await self._connection.connected.wait()
+            channel = await self._connection.channel(publisher_confirms=True)
+            self._reply_channel = channel
+            return channel
+
+    async def _drop_reply_channel(self) -> None:
+        channel, self._reply_channel = self._reply_channel, None
+        if channel is not None and not channel.is_closed:
+            with contextlib.suppress(*_CHANNEL_GONE, TimeoutError):
+                with anyio.fail_after(REPLY_TRY_TIMEOUT_S):
+                    await channel.close()
 
     # -- consuming -----------------------------------------------------------------------------
     async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer:
@@ -270,12 +414,21 @@ class RabbitBroker(Broker):
         self._consumers.append(consumer)
         return consumer
 
-    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> None:
+    async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> bool:
         assert self._dlx is not None, "broker not started"
         envelope = delivery.envelope
         headers = dead_letter_headers(envelope, origin=delivery.address, code=code, detail=detail)
-        await self._dlx.publish(_message(replace(envelope, headers=headers, persistent=True)), routing_key="")
+        message = _message(replace(envelope, headers=headers, persistent=True))
+        try:
+            await self._dlx.publish(message, routing_key="")
+            kept = True
+        except aio_pika.exceptions.DeliveryError:  # nacked: the bounded queue is full (reject-publish)
+            self.dead_letters_dropped += 1
+            kept = False
+        except _TRANSPORT_ERRORS as exc:
+            raise BrokerError(f"dead letter from {delivery.address!r} not sent: {exc!r}") from exc
         await delivery.ack()
+        return kept
 
     async def read_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
         assert self._dead_queue is not None, "broker not started"
@@ -287,6 +440,44 @@ class RabbitBroker(Broker):
             taken.append(as_dead_letter(_envelope(message)))
             await message.ack()
         return taken
+
+    async def peek_dead_letters(self, limit: int = 100) -> tuple[list[DeadLetter], int]:
+        assert self._connection is not None, "broker not started"
+        # Got unacked on a channel of their own, then handed back in one go when it closes: each
+        # message is seen once, and all of them are still in the queue afterwards (marked redelivered).
+        channel = await self._connection.channel()
+        try:
+            queue = await channel.declare_queue(self.dead_queue_name, passive=True)
+            held = int(queue.declaration_result.message_count or 0)
+            seen: list[DeadLetter] = []
+            while len(seen) < limit:
+                message = await queue.get(no_ack=False, fail=False)
+                if message is None:
+                    break
+                seen.append(as_dead_letter(_envelope(message)))
+        finally:
+            await channel.close()
+        return seen, held
+
+    async def purge_dead_letters(self, *, recreate: bool = False) -> int:
+        assert self._connection is not None and self._dlx is not None, "broker not started"
+        channel = await self._connection.channel()
+        try:
+            queue = await channel.declare_queue(self.dead_queue_name, passive=True)
+            held = int(queue.declaration_result.message_count or 0)
+            if not recreate:
+                await queue.purge()
+                return held
+            await queue.delete(if_unused=False, if_empty=False)
+            queue = await channel.declare_queue(
+                self.dead_queue_name, durable=True, arguments=self.dead_queue_arguments()
+            )
+            await queue.bind(f"{self.prefix}.dlx")
+            self.dead_letter_bounds_applied = True
+            return held
+        finally:
+            if not channel.is_closed:
+                await channel.close()
 
     # -- logs ----------------------------------------------------------------------------------
     async def publish_log(self, line: bytes, *, checkpoint_id: str | None) -> None:

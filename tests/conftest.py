@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from parkway.brokers.base import Broker
+from parkway.brokers.base import Broker, DeadLetterBounds
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 from tests.support.rabbit import AMQP_URL, delete_run, rabbitmq_reachable
@@ -61,14 +61,14 @@ async def make_broker(
     made: list[Broker] = []
     addresses: set[str] = set()
 
-    def factory(run: str | None = None) -> Broker:
+    def factory(run: str | None = None, *, dead_letter_bounds: DeadLetterBounds | None = None) -> Broker:
         if broker_kind == "memory":
-            broker: Broker = MemoryBroker(hub, run or run_name)
+            broker: Broker = MemoryBroker(hub, run or run_name, dead_letter_bounds=dead_letter_bounds)
         else:
             url = request.getfixturevalue("amqp_url")
             from parkway.brokers.rabbitmq import RabbitBroker
 
-            broker = RabbitBroker(url, run or run_name)
+            broker = RabbitBroker(url, run or run_name, dead_letter_bounds=dead_letter_bounds)
         made.append(broker)
         original = broker.declare
 

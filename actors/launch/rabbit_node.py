@@ -135,6 +135,15 @@ class RabbitNode:
                 f"node {self.name} did not start: {waited.stderr[-2000:]}\n{self.log_tail()}"
             )
 
+    def set_env(self, key: str, value: int | str) -> None:
+        """Set one of the ``rabbit`` application's settings on the running node (``rabbitmqctl eval``):
+        what channels opened afterwards use, e.g. ``consumer_timeout`` (ms)."""
+        result = self._ctl("eval", f"application:set_env(rabbit, {key}, {value}).")
+        if result.returncode != 0 or result.stdout.strip() != "ok":
+            raise BrokerNodeError(
+                f"set_env {key}={value} failed: {result.stdout[-500:]} {result.stderr[-2000:]}"
+            )
+
     def restart_app(self) -> None:
         """``stop_app`` then ``start_app``: connections drop, durable queues stay."""
         self.stop_app()

@@ -14,7 +14,10 @@ What happens to every delivery, in order:
    reply (or None). ``ProtocolError`` becomes a typed ``Error`` reply; any other exception an
    ``internal`` error reply plus a dead-letter copy of the message.
 4. the reply is cached (journalled with a state dir), sent, and the delivery acked, in that order, so
-   a crash at any point leaves the command to be redelivered and answered exactly once.
+   a crash at any point leaves the command to be redelivered and answered exactly once. A reply the
+   transport cannot send (the broker is restarting) is tried again a bounded number of times, then the
+   delivery is nacked for redelivery; a redelivered request that was already answered is acked without
+   a second reply. A ``reply_to`` that is not a reply address gets no reply (logged, counted).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,10 +36,27 @@ from parkway.actors.runtime import heartbeat
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
-from parkway.actors.runtime.metrics import ERROR, HANDLED, REFUSED, REPLAYED, UNKNOWN_TYPE, ActorMetrics
+from parkway.actors.runtime.metrics import (
+    ERROR,
+    HANDLED,
+    REFUSED,
+    REPLAYED,
+    REPLY_NOT_A_REPLY_ADDRESS,
+    REPLY_TRANSPORT,
+    UNKNOWN_TYPE,
+    ActorMetrics,
+)
 from parkway.actors.runtime.replies import ReplyCache
 from parkway.actors.runtime.settings import MAX_DEADLINE_ENV, max_deadline_s
-from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
+from parkway.brokers.base import (
+    REQUEST_ID_HEADER,
+    Broker,
+    BrokerError,
+    Consumer,
+    Delivery,
+    Envelope,
+    UnreachableReplyAddress,
+)
 from parkway.protocol import codec
 from parkway.protocol.epochs import check_epoch
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -61,6 +81,7 @@ log = structlog.get_logger("parkway.actor")
 QUERIES = (Status, Discover)
 
 Handler = Callable[[Any], Awaitable[Message | None]]
+ANSWERED_REQUESTS_KEPT = 10_000  # (reply address, request id) pairs remembered as answered
 
 
 class Actor:
@@ -107,6 +128,9 @@ class Actor:
         self._stopped = asyncio.Event()
         self._probe_log = state_dir / "probe.log" if state_dir else None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._answered_requests: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Requests whose first delivery is being handled: that delivery, and a future set when it is done.
+        self._replying: dict[tuple[str, str], tuple[Delivery, asyncio.Future[None]]] = {}
 
     @property
     def run(self) -> str:
@@ -151,8 +175,19 @@ class Actor:
 
     # -- the delivery pipeline -----------------------------------------------------------------
     async def _on_delivery(self, delivery: Delivery) -> None:
-        with structlog.contextvars.bound_contextvars(**self.log_context()):
-            await self._handle(delivery)
+        # The first delivery of a request owns its reply; a redelivery of it while that one is still
+        # in hand (its channel was closed under it: consumer_timeout, a broker restart) waits for it.
+        key = self._request_key(delivery.envelope)
+        owned = key if key is not None and key not in self._replying else None
+        if owned is not None:
+            self._replying[owned] = (delivery, asyncio.get_running_loop().create_future())
+        try:
+            with structlog.contextvars.bound_contextvars(**self.log_context()):
+                await self._handle(delivery)
+        finally:
+            if owned is not None:
+                _, done = self._replying.pop(owned)
+                done.set_result(None)
 
     async def _handle(self, delivery: Delivery) -> None:
         envelope = delivery.envelope
@@ -197,8 +232,7 @@ class Actor:
             self.counts["replayed"] += 1
             self.metrics.message(key[1], REPLAYED)
             log.info("reply_replayed", message_type=key[1], correlation_id=key[0], sender=sender)
-            await self._send_reply(envelope, cached)
-            await delivery.ack()
+            await self._answer_again(delivery, cached)
             return
 
         self.replies.begin(key)
@@ -233,16 +267,76 @@ class Actor:
             self.metrics.message(key[1], HANDLED)
         self.faults.reach("after_reply_journaled", key[1])
         try:
-            if content is not None:
-                await self._send_reply(envelope, content)
+            sent = content is None or await self._try_reply(envelope, content)
         finally:
             await self.after_reply(message)
+        if not sent:  # the transport failed every try: redelivered later, answered from the cache
+            await delivery.nack(requeue=True)
+            return
         self.faults.reach("after_reply_sent", key[1])
         if failure is not None:
             self.counts["refused:internal"] += 1
-            await self.broker.dead_letter(delivery, code=ErrorCode.INTERNAL.value, detail=str(failure))
+            await self._dead_letter(delivery, code=ErrorCode.INTERNAL.value, detail=str(failure))
         else:
             await delivery.ack()
+
+    async def _answer_again(self, delivery: Delivery, content: bytes) -> None:
+        """Answer a duplicate from the cache. A redelivery of a request already answered (the consumer's
+        channel closed before its ack: a broker restart, ``consumer_timeout``) is only acked, so each
+        request gets one reply."""
+        request = delivery.envelope
+        key = self._request_key(request)
+        owner = self._replying.get(key) if key is not None else None
+        if owner is not None and owner[0] is not delivery:
+            await asyncio.shield(owner[1])  # the first delivery of this request answers it, or fails to
+        if key is not None and key in self._answered_requests:
+            log.info("reply_already_sent", correlation_id=request.correlation_id)
+            await delivery.ack()
+        elif await self._try_reply(request, content):
+            await delivery.ack()
+        else:
+            await delivery.nack(requeue=True)
+
+    @staticmethod
+    def _request_key(request: Envelope) -> tuple[str, str] | None:
+        request_id = request.headers.get(REQUEST_ID_HEADER)
+        return (request.reply_to or "", request_id) if request_id else None
+
+    async def _try_reply(self, request: Envelope, content: bytes) -> bool:
+        """Send the reply; False only when the transport failed every try (logged and counted)."""
+        try:
+            await self._send_reply(request, content)
+        except UnreachableReplyAddress as exc:  # settled as usual: a redelivery could only fail the same way
+            self.counts["reply_refused"] += 1
+            self.metrics.reply_not_sent(REPLY_NOT_A_REPLY_ADDRESS)
+            log.warning("reply_address_unreachable", correlation_id=request.correlation_id, detail=str(exc))
+            return True
+        except BrokerError as exc:
+            self.counts["reply_failed"] += 1
+            self.metrics.reply_not_sent(REPLY_TRANSPORT)
+            log.warning("reply_failed", correlation_id=request.correlation_id, detail=str(exc))
+            return False
+        key = self._request_key(request)
+        if key is not None:
+            self._answered_requests[key] = None
+            if len(self._answered_requests) > ANSWERED_REQUESTS_KEPT:
+                self._answered_requests.popitem(last=False)
+        return True
+
+    async def _dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> None:
+        """Dead-letter and settle; a dead letter the full queue refused is counted and logged, and one the
+        transport could not send leaves the delivery for redelivery."""
+        try:
+            kept = await self.broker.dead_letter(delivery, code=code, detail=detail)
+        except BrokerError as exc:
+            log.warning(
+                "dead_letter_failed", correlation_id=delivery.envelope.correlation_id, detail=str(exc)
+            )
+            await delivery.nack(requeue=True)
+            return
+        if not kept:
+            self.counts["dead_letter_dropped"] += 1
+            log.warning("dead_letter_dropped", code=code, correlation_id=delivery.envelope.correlation_id)
 
     async def _answer_query(self, delivery: Delivery, handler: Handler, message: Message) -> None:
         # At most once: ack first, so a crash never makes a restarted process answer it a second time.
@@ -251,7 +345,7 @@ class Actor:
         self.counts[type(message).__name__] += 1
         self.metrics.message(type(message).__name__, HANDLED)
         if reply is not None:
-            await self._send_reply(delivery.envelope, codec.encode(reply))
+            await self._try_reply(delivery.envelope, codec.encode(reply))
 
     def _open(self, envelope: Envelope) -> Message:
         message = self.client.open(envelope)
@@ -284,11 +378,23 @@ class Actor:
         )
         error = Error(code=err.code, detail=err.detail, retryable=err.retryable)
         with contextlib.suppress(Exception):  # a reply we cannot send must not lose the dead letter
-            await self._send_reply(delivery.envelope, codec.encode(error))
-        await self.broker.dead_letter(delivery, code=err.code.value, detail=err.detail)
+            await self._try_reply(delivery.envelope, codec.encode(error))
+        await self._dead_letter(delivery, code=err.code.value, detail=err.detail)
 
     async def _send_reply(self, request: Envelope, content: bytes) -> None:
         if not request.reply_to:
+            return
+        if not self.broker.is_reply_address(request.reply_to):
+            # Another actor's queue (or any queue) named as reply_to: posting there would make that actor
+            # refuse it and dead-letter it a second time. Nobody asked from there, so nobody is answered.
+            self.counts["reply_refused"] += 1
+            self.metrics.reply_not_sent(REPLY_NOT_A_REPLY_ADDRESS)
+            log.warning(
+                "reply_address_refused",
+                reply_to=request.reply_to[:200],
+                correlation_id=request.correlation_id,
+                sender=request.headers.get(SENDER_HEADER, ""),
+            )
             return
         content_type = codec.MSGPACK
         with contextlib.suppress(ProtocolError):

@@ -73,6 +73,9 @@ DURATION_BUCKETS = (
 
 HANDLED, ERROR, REFUSED, REPLAYED = "handled", "error", "refused", "replayed"
 OUTCOMES = (HANDLED, ERROR, REFUSED, REPLAYED)
+# Why a reply was not sent: its reply_to is not a reply address (another actor's queue, say), or the
+# transport failed every try (the delivery is left for redelivery).
+REPLY_NOT_A_REPLY_ADDRESS, REPLY_TRANSPORT = "not_a_reply_address", "transport"
 UNKNOWN_TYPE = "unknown"  # a refused message that could not be decoded has no type
 TIMED_PHASES = tuple(p for p in Phase if p is not Phase.IDLE)
 SNAPSHOT_OUTCOMES = ("published", "failed", "skipped")
@@ -102,6 +105,7 @@ class ActorMetrics:
         self._snapshots: dict[str, Any] = {}
         self._restores: Any = None
         self._gauges: dict[str, Any] = {}  # name -> the gauge's child, read when scraped
+        self._replies_not_sent: Any = None
 
     def _metric(self, kind: type, name: str, documentation: str, labelnames: tuple[str, ...] = ()) -> Any:
         extra: dict[str, Any] = {"buckets": DURATION_BUCKETS} if kind is Histogram else {}
@@ -121,6 +125,14 @@ class ActorMetrics:
 
     def error(self, code: ErrorCode) -> None:
         self._errors[code].inc()
+
+    def reply_not_sent(self, reason: str) -> None:
+        """A reply that did not go out: ``REPLY_NOT_A_REPLY_ADDRESS`` or ``REPLY_TRANSPORT``."""
+        if self._replies_not_sent is None:
+            self._replies_not_sent = self._metric(
+                Counter, "parkway_replies_not_sent", "Replies not sent, by reason", ("reason",)
+            )
+        self._child(self._replies_not_sent, reason=reason).inc()
 
     def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         """A gauge read when scraped (``read`` runs in the HTTP server's thread: keep it a plain read).
@@ -191,7 +203,8 @@ class ActorMetrics:
 
 
 class BrokerCollector(Collector):
-    """The broker connection's reconnects (counted by the transport's reconnect callback)."""
+    """The broker connection's reconnects (counted by the transport's reconnect callback), the dead letters
+    its bounded dead-letter queue refused, and its retried replies."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -201,6 +214,16 @@ class BrokerCollector(Collector):
             "parkway_broker_reconnects",
             "Times the broker connection was re-established after it was lost",
             value=self.broker.reconnects,
+        )
+        yield CounterMetricFamily(
+            "parkway_dead_letters_dropped",
+            "Dead letters the run's full (bounded) dead-letter queue refused, so dropped",
+            value=self.broker.dead_letters_dropped,
+        )
+        yield CounterMetricFamily(
+            "parkway_reply_retries",
+            "Reply publishes that failed on the transport and were tried again",
+            value=self.broker.reply_retries,
         )
 
 

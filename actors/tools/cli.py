@@ -7,7 +7,7 @@ parkway status     ask actors for their status
 parkway logs       every actor's log lines (of one checkpoint id, actor, rollout), live or from saved files
 parkway report     a run's timeline (rollouts, turns, snapshot pauses, crash, restore) as PNG and HTML
 parkway chaos      the nemesis: seeded faults over a real cluster of processes, each run history-checked
-parkway dead-letters   take messages off the run's dead-letter queue and print them
+parkway dead-letters   show, take or purge the run's dead-letter queue (show|take|purge)
 parkway snapshots  list, show or verify the snapshots on disk (list|show|verify)
 parkway plugins    the agent programs, environments and trainers installed (list), or a run's (check)
 parkway sign       print the signature headers for a body (for rabbitmqadmin and other clients)

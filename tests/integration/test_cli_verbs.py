@@ -83,6 +83,7 @@ async def test_dead_letters_shows_what_an_actor_refused(spawn, client, amqp_url,
         result = await asyncio.to_thread(
             parkway,
             "dead-letters",
+            "take",
             "--limit",
             "10",
             **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
@@ -98,7 +99,10 @@ async def test_dead_letters_shows_what_an_actor_refused(spawn, client, amqp_url,
     assert letter["code"] == "unauthorized" and letter["origin"] == "tq/0"
     assert letter["sender"] == "mallory/0" and letter["bytes"] == len(garbage.body)
     again = await asyncio.to_thread(
-        parkway, "dead-letters", **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url)
+        parkway,
+        "dead-letters",
+        "take",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
     )
     assert "bad-1" not in again.stdout  # taken off the queue, not just peeked at
 
