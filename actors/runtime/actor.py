@@ -3,7 +3,8 @@
 What happens to every delivery, in order:
 
 1. the body's size is checked (``invalid_message`` over ``PARKWAY_MAX_BODY_BYTES``, 16 MiB by
-   default), the signature (``unauthorized``), the bytes decoded (``invalid_message``,
+   default), the signature, its destination (this actor's address) and the sender's right to send
+   that type (``unauthorized``, see ``protocol.authorization``), the bytes decoded (``invalid_message``,
    ``unsupported_version``), a control command's correlation id checked against its checkpoint id;
    a refused message gets an ``Error`` reply where it has a reply address, goes to the dead-letter
    queue with the reason, and is logged. The actor carries on.
@@ -50,7 +51,8 @@ from parkway.protocol.messages import (
     Status,
     StatusReport,
 )
-from parkway.protocol.signing import SENDER_HEADER
+from parkway.protocol.signing import ROLES as ROLE_NAMES
+from parkway.protocol.signing import SENDER_HEADER, Keyring
 
 log = structlog.get_logger("parkway.actor")
 
@@ -70,7 +72,8 @@ class Actor:
         self,
         broker: Broker,
         *,
-        secret: bytes,
+        secret: bytes | None = None,
+        keyring: Keyring | None = None,
         replica: int = 0,
         state_dir: Path | None = None,
         faults: FaultPoints | None = None,
@@ -82,7 +85,11 @@ class Actor:
         self.broker = broker
         self.replica = replica
         self.address = actor_address(self.role, replica)
-        self.client = Client(broker, secret=secret, sender=self.address)
+        self.client = Client(broker, secret=secret, keyring=keyring, sender=self.address)
+        if (
+            self.role in ROLE_NAMES and self.role not in self.client.keyring.private
+        ):  # fail now, not at a reply
+            raise KeyError(f"{self.address}: this process holds no signing key for the {self.role} role")
         self.state_dir = state_dir
         self.faults = faults or FaultPoints()
         self.history = History.from_env(broker.run, self.address)  # a no-op unless PARKWAY_HISTORY=1
@@ -284,6 +291,7 @@ class Actor:
             envelope = self.client.envelope(
                 reply,
                 correlation_id=request.correlation_id,
+                to=request.headers.get(SENDER_HEADER, ""),
                 content_type=content_type,
                 headers=headers,
                 persistent=False,
@@ -294,6 +302,7 @@ class Actor:
             envelope = self.client.envelope(
                 error,
                 correlation_id=request.correlation_id,
+                to=request.headers.get(SENDER_HEADER, ""),
                 content_type=content_type,
                 headers=headers,
                 persistent=False,

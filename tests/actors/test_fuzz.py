@@ -112,7 +112,7 @@ class Cluster:
 
     def send(self, item: Fuzzed) -> None:
         async def go() -> None:
-            envelope = envelope_of(item, RUN, SECRET)
+            envelope = envelope_of(item, RUN, SECRET, self.target)
             if item.reply:
                 request_id = f"fz-{self.sent}"
                 self.waiting[request_id] = self.broker._pending.open(request_id)

@@ -103,7 +103,7 @@ class Cluster:
 
     def send(self, address: str, item: Fuzzed) -> None:
         async def go() -> None:
-            envelope = envelope_of(item, self.run, SECRET.encode())
+            envelope = envelope_of(item, self.run, SECRET.encode(), address)
             if item.reply:
                 request_id = f"fz-{address}-{self.sent[address]}"
                 self.waiting[request_id] = self.broker._pending.open(request_id)

@@ -24,7 +24,9 @@ from parkway.brokers.base import Envelope
 from parkway.protocol import codec
 from parkway.protocol import messages as m
 from parkway.protocol.ids import CHECKPOINT_ID_PATTERN
-from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
+from parkway.protocol.signing import SENDER_HEADER
+
+from tests.support.signed import signed_raw
 
 # The status counters of messages an actor refused at its edge (each of these is also dead-lettered).
 REFUSALS = (
@@ -273,16 +275,16 @@ def fuzzed(draw: st.DrawFn, focus: tuple[str, ...] = ()) -> Fuzzed:
     return Fuzzed(body, content_type, correlation_id, rng.choice(SIGNINGS), reply=rng.random() < 0.8)
 
 
-def envelope_of(item: Fuzzed, run: str, secret: bytes) -> Envelope:
-    """The delivery as its (hostile) sender would publish it."""
-    headers = {SENDER_HEADER: "fuzz/0"}
-    if item.signing != "none":
-        headers[SIGNATURE_HEADER] = sign(
-            b"not-the-secret" if item.signing == "wrong_secret" else secret,
-            run="another-run" if item.signing == "other_run" else run,
-            sender="fuzz/0",
-            correlation_id=item.correlation_id,
-            content_type=item.content_type,
-            body=item.body,
-        )
-    return Envelope(item.body, item.content_type, item.correlation_id, headers)
+def envelope_of(item: Fuzzed, run: str, secret: bytes, to: str) -> Envelope:
+    """The delivery for ``to`` as its (hostile) sender would publish it."""
+    if item.signing == "none":
+        return Envelope(item.body, item.content_type, item.correlation_id, {SENDER_HEADER: "fuzz/0"})
+    return signed_raw(
+        "another-run" if item.signing == "other_run" else run,
+        item.body,
+        correlation_id=item.correlation_id,
+        to=to,
+        content_type=item.content_type,
+        sender="fuzz/0",
+        secret=b"not-the-secret" if item.signing == "wrong_secret" else secret,
+    )
