@@ -149,7 +149,9 @@ async def test_the_limit_is_configurable_and_guards_both_directions(
         # Receiving: what another client sends over the limit is refused at the edge.
         body = codec.encode(Probe(checkpoint_id="p", deadline=soon(), note="x" * 5000), codec.JSON)
         error = error_of(
-            await broker.request("tq/0", signed_raw(RUN, body, correlation_id="p", to="tq/0"), deadline=soon())
+            await broker.request(
+                "tq/0", signed_raw(RUN, body, correlation_id="p", to="tq/0"), deadline=soon()
+            )
         )
         assert error.detail == f"body of {len(body)} bytes exceeds the limit of 4096 bytes"
         # Replying: an answer that would be over the limit becomes an error that says so.
@@ -265,7 +267,9 @@ async def test_hostile_ids_and_locations_are_refused_before_the_disk(
     resources: tuple[Participant, Client, Path, Path], body: bytes
 ) -> None:
     _, client, root, outside = resources
-    reply = await raw_request(client, "resources/0", signed_raw(RUN, body, correlation_id="hostile", to="resources/0"))
+    reply = await raw_request(
+        client, "resources/0", signed_raw(RUN, body, correlation_id="hostile", to="resources/0")
+    )
     assert isinstance(reply, Error) and reply.code is ErrorCode.INVALID_MESSAGE
     assert any(word in reply.detail for word in ("location", "checkpoint"))
     [letter] = await dead_letters(client.broker, 1)

@@ -10,7 +10,9 @@ from parkway.protocol.authorization import (
 )
 from parkway.protocol.ids import Role
 
-CONTROL = [cls.__name__ for cls in messages.CONTROL_COMMANDS if cls.__name__ not in ("Status", "Discover", "Probe")]
+CONTROL = [
+    cls.__name__ for cls in messages.CONTROL_COMMANDS if cls.__name__ not in ("Status", "Discover", "Probe")
+]
 
 
 def concrete_messages() -> set[str]:
@@ -68,7 +70,9 @@ def test_data_comes_only_from_the_role_that_sends_it(name: str, sender: str) -> 
 
 def test_a_reply_or_an_unknown_type_is_never_a_request() -> None:
     assert request_refusal("controller", "Prepared") == "Prepared is a reply; no one may send it to an actor"
-    assert request_refusal("controller", "Nope") == "Nope is not a request type; no one may send it to an actor"
+    assert (
+        request_refusal("controller", "Nope") == "Nope is not a request type; no one may send it to an actor"
+    )
 
 
 def test_a_role_address_must_be_signed_by_its_role_and_a_tool_by_any_role() -> None:

@@ -85,7 +85,9 @@ class Cluster:
         self.rows: asyncio.Queue[tuple[str, Message]] = asyncio.Queue()
 
     async def on_row(self, delivery: Delivery) -> None:
-        self.rows.put_nowait((delivery.envelope.correlation_id, self.agent.open(delivery.envelope, at="tq/0")))
+        self.rows.put_nowait(
+            (delivery.envelope.correlation_id, self.agent.open(delivery.envelope, at="tq/0"))
+        )
         await delivery.ack()
 
     async def generate(self, call_index: int = 0, *, rollout_id: str = "g_g0", attempt: int = 0) -> Message:
