@@ -35,6 +35,7 @@ from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
 from parkway.actors.runtime.metrics import ERROR, HANDLED, REFUSED, REPLAYED, UNKNOWN_TYPE, ActorMetrics
 from parkway.actors.runtime.replies import ReplyCache
+from parkway.actors.runtime.settings import SettingsError
 from parkway.brokers.base import REQUEST_ID_HEADER, Broker, Consumer, Delivery, Envelope
 from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -89,7 +90,10 @@ class Actor:
         if (
             self.role in ROLE_NAMES and self.role not in self.client.keyring.private
         ):  # fail now, not at a reply
-            raise KeyError(f"{self.address}: this process holds no signing key for the {self.role} role")
+            raise SettingsError(
+                f"{self.address}: this process holds no signing key for the {self.role} role "
+                f"(PARKWAY_SIGNING_KEY names {', '.join(self.client.keyring.private) or 'none'})"
+            )
         self.state_dir = state_dir
         self.faults = faults or FaultPoints()
         self.history = History.from_env(broker.run, self.address)  # a no-op unless PARKWAY_HISTORY=1
