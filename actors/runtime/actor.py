@@ -87,10 +87,8 @@ class Actor:
         self.replica = replica
         self.address = actor_address(self.role, replica)
         self.client = Client(broker, secret=secret, keyring=keyring, sender=self.address)
-        if (
-            self.role in ROLE_NAMES and self.role not in self.client.keyring.private
-        ):  # fail now, not at a reply
-            raise SettingsError(
+        if self.role in ROLE_NAMES and self.role not in self.client.keyring.private:
+            raise SettingsError(  # at construction, not at the first reply it could not sign
                 f"{self.address}: this process holds no signing key for the {self.role} role "
                 f"(PARKWAY_SIGNING_KEY names {', '.join(self.client.keyring.private) or 'none'})"
             )
