@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from parkway.actors.launch.processes import clean_environment
 from parkway.actors.tools.cli import _parser
+from parkway.protocol.signing import Keyring
 
-from tests.support.compose import compose, example_env
+from tests.support.compose import compose, env_lines, example_env, generated_env_text
 from tests.support.paths import ROOT
 
 
@@ -19,12 +21,35 @@ def test_compose_config_is_valid() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow  # runs the Compose binary and parkway keys
+def test_compose_config_is_valid_from_a_generated_env_file_alone(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text(generated_env_text())  # cp .env.example .env && parkway keys generate --env >> .env
+    bare = clean_environment(strip=("PARKWAY_", "RABBITMQ_"))  # nothing from the shell
+    result = compose("config", "--format", "json", env=bare, env_file=env_file)
+    assert result.returncode == 0, result.stderr
+    keys = env_lines(env_file.read_text())
+    for name, svc in json.loads(result.stdout)["services"].items():
+        if name in ("rabbitmq", "prometheus"):
+            continue
+        role = _parser().parse_args(svc["command"][1:]).role if name != "controller" else "controller"
+        env = svc["environment"]
+        # Its own role's private key and the public table; no shared secret; no other role's key.
+        assert env["PARKWAY_SIGNING_KEY"] == keys[f"PARKWAY_KEY_{role.upper()}"], name
+        assert env["PARKWAY_SIGNING_KEY"].startswith(f"{role}:"), name
+        assert env["PARKWAY_PUBLIC_KEYS"] == keys["PARKWAY_PUBLIC_KEYS"]
+        assert "PARKWAY_SECRET" not in env
+        Keyring.from_text(env["PARKWAY_SIGNING_KEY"], env["PARKWAY_PUBLIC_KEYS"])  # they parse and match
+
+
 @pytest.mark.slow  # runs the Compose binary
-def test_compose_refuses_to_start_without_the_secret() -> None:
+@pytest.mark.parametrize("missing", ["PARKWAY_KEY_AGENT", "PARKWAY_KEY_CONTROLLER", "PARKWAY_PUBLIC_KEYS"])
+def test_compose_refuses_to_start_without_a_key(missing: str) -> None:
     env = example_env()
-    del env["PARKWAY_SECRET"]
+    del env[missing]
     result = compose("config", "-q", env=env)
-    assert result.returncode != 0 and "PARKWAY_SECRET" in result.stderr
+    assert result.returncode != 0 and missing in result.stderr
+    assert "parkway keys generate --env" in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +82,7 @@ def test_every_actor_runs_as_its_own_service(services: dict[str, dict]) -> None:
         assert svc["command"][0] == "parkway", name
         assert svc["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
         env = svc["environment"]
-        assert (
-            env["PARKWAY_SECRET"] == "change-me-to-64-random-hex-characters"
-        )  # from the env file, not the code
+        assert "PARKWAY_SECRET" not in env and env["PARKWAY_SIGNING_KEY"]  # from the env file, not the code
         assert env["PARKWAY_BROKER_URL"] == "amqp://parkway:change-me@rabbitmq:5672/"
         assert [v["target"] for v in svc["volumes"]] == ["/var/lib/parkway"]  # one shared state volume
 

@@ -234,9 +234,16 @@ def test_an_actor_runs_from_the_wheel(installed: tuple[Path, Path]) -> None:
     env = {
         **venv_environment(venv),
         "PARKWAY_BROKER_URL": AMQP_URL,
-        "PARKWAY_SECRET": uuid.uuid4().hex,
         "PARKWAY_RUN": run,
     }
+    generated = in_venv(venv, work, "parkway", "keys", "generate", "--env")
+    assert generated.returncode == 0, generated.stderr
+    keys = dict(
+        line.partition("=")[::2] for line in generated.stdout.splitlines() if not line.startswith("#")
+    )
+    env["PARKWAY_PUBLIC_KEYS"] = keys["PARKWAY_PUBLIC_KEYS"]
+    operator = {**env, "PARKWAY_SIGNING_KEY": keys["PARKWAY_KEY_CONTROLLER"]}
+    env["PARKWAY_SIGNING_KEY"] = keys["PARKWAY_KEY_TQ"]  # the actor holds its own role's key only
     actor = subprocess.Popen(
         ["parkway", "actor", "tq", "--replica", "0", "--log-level", "warning"],
         cwd=work,
@@ -251,7 +258,7 @@ def test_an_actor_runs_from_the_wheel(installed: tuple[Path, Path]) -> None:
             probe = subprocess.run(
                 ["parkway", "publish", "probe", "--to", "tq/0", "--timeout", "2"],
                 cwd=work,
-                env=env,
+                env=operator,
                 capture_output=True,
                 text=True,
                 timeout=30,

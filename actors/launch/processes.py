@@ -4,7 +4,9 @@ The one launcher that tests, benchmarks and the chaos harness start clusters of 
 process runs this interpreter's parkway (``python -m parkway.actors``, so a virtual environment or a
 ``PYTHONPATH`` checkout is the one that runs) with the run's environment: the inherited one without any
 ``PARKWAY_*`` variable (one left in the caller's shell would silently change what the child does) plus
-the run's own settings. Each process gets a handle to signal, kill, stop gracefully (SIGTERM, then
+the run's own settings. An actor process gets its own role's key only (``own_keys``): the run's
+secret stays with the launcher, which derives every role's key pair from it (so a ``Client`` given the
+secret, a test's or a driver's, is the operator and may act as any role). Each process gets a handle to signal, kill, stop gracefully (SIGTERM, then
 SIGKILL) and reap, and its stderr, where its structured log goes, in a file of its own. ``wait_ready``
 polls ``Status`` until that very process answers: its queue may still exist from an earlier one.
 """
@@ -25,8 +27,11 @@ from typing import IO, Any
 
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.settings import DEFAULT_RUN, PUBLIC_KEYS_ENV, SECRET_ENV, SIGNING_KEY_ENV
 from parkway.brokers.base import BrokerError
+from parkway.protocol.ids import Role
 from parkway.protocol.messages import Status, StatusReport
+from parkway.protocol.signing import Keyring
 
 PARKWAY_PREFIX = "PARKWAY_"
 
@@ -73,6 +78,21 @@ def run_environment(
         **clean_environment(),
         **run_variables(run=run, secret=secret, state=state, broker_url=broker_url, **extra),
     }
+
+
+def own_keys(env: Mapping[str, str], roles: Sequence[str]) -> dict[str, str]:
+    """``env`` for a process of ``roles``: ``PARKWAY_SECRET`` replaced by those roles' private keys
+    (``PARKWAY_SIGNING_KEY``) and every role's public key (``PARKWAY_PUBLIC_KEYS``), derived from the
+    secret and the run. An ``env`` that already names its keys, or has no secret, is returned as is."""
+    chosen = dict(env)
+    secret = chosen.get(SECRET_ENV)
+    if not secret or SIGNING_KEY_ENV in chosen:
+        return chosen
+    keyring = Keyring.derive(secret.encode(), chosen.get("PARKWAY_RUN") or DEFAULT_RUN)
+    del chosen[SECRET_ENV]
+    chosen[SIGNING_KEY_ENV] = keyring.private_text(roles)
+    chosen[PUBLIC_KEYS_ENV] = keyring.public_text()
+    return chosen
 
 
 def parkway_command(*args: str) -> list[str]:
@@ -199,7 +219,9 @@ def start_actor(
         command += ["--config", str(config)]
     if log_level is not None:
         command += ["--log-level", log_level]
-    return start([*command, *args], env=env, name=f"{role}/{replica}", stderr=stderr, stdout=stdout)
+    return start(
+        [*command, *args], env=own_keys(env, [role]), name=f"{role}/{replica}", stderr=stderr, stdout=stdout
+    )
 
 
 def start_run(
@@ -215,13 +237,21 @@ def start_run(
     args: Sequence[str] = (),
 ) -> Process:
     """``parkway run --config CONFIG`` (the controller driving the run's actors): its summary on stdout,
-    as JSON unless ``summary_json`` is off."""
+    as JSON unless ``summary_json`` is off. It holds the controller's key and the trainer's (it hosts
+    the trainer actor with ``trainer.host: inline``)."""
     command = ["run", "--config", str(config)]
     if summary_json:
         command.append("--json")
     if log_level is not None:
         command += ["--log-level", log_level]
-    return start([*command, *args], env=env, name=name, stderr=stderr, stdout=stdout, text=text)
+    return start(
+        [*command, *args],
+        env=own_keys(env, [Role.CONTROLLER.value, Role.TRAINER.value]),
+        name=name,
+        stderr=stderr,
+        stdout=stdout,
+        text=text,
+    )
 
 
 def stop_all(processes: Iterable[Process], *, grace: float = 20.0) -> None:

@@ -48,7 +48,12 @@ def build_actor(
     if issubclass(cls, Participant):
         options["snapshot_root"] = Path(settings.state_root) / SNAPSHOTS_DIR
     return cls(
-        broker, secret=settings.secret, replica=replica, state_dir=state_dir, faults=FaultPoints(), **options
+        broker,
+        keyring=settings.keyring,
+        replica=replica,
+        state_dir=state_dir,
+        faults=FaultPoints(),
+        **options,
     )
 
 

@@ -19,6 +19,7 @@ from parkway.actors.sdk.trainer import Trainer
 from parkway.brokers.base import Broker
 from parkway.protocol.ids import Role
 from parkway.protocol.layout import ACTOR_STATE_DIR, SNAPSHOTS_DIR
+from parkway.protocol.signing import Keyring
 
 
 def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
@@ -68,10 +69,19 @@ def data_prefetch(config: RunConfig) -> int:
     return config.rollout.max_in_flight + CONTROL_HEADROOM
 
 
-def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root: Path) -> list[Actor]:
-    """The whole cluster of a configuration, on one broker connection."""
+def as_keyring(credentials: bytes | Keyring, run: str) -> Keyring:
+    """A keyring as given, or every role's keys derived from a secret (``Keyring.derive``)."""
+    return credentials if isinstance(credentials, Keyring) else Keyring.derive(credentials, run)
+
+
+def embedded_actors(
+    broker: Broker, credentials: bytes | Keyring, config: RunConfig, state_root: Path
+) -> list[Actor]:
+    """The whole cluster of a configuration, on one broker connection (one address space: every actor
+    signs with the same keyring, its own role's key)."""
     from parkway.actors.launch.roles import ROLES
 
+    keyring = as_keyring(credentials, broker.run)
     actors: list[Actor] = []
     layout = [
         (Role.TQ, 1),
@@ -82,20 +92,20 @@ def embedded_actors(broker: Broker, secret: bytes, config: RunConfig, state_root
     for role, count in layout:
         cls = ROLES[role]
         for replica in range(count):
-            kwargs: dict[str, Any] = {"secret": secret, "replica": replica, **role_options(role, config)}
+            kwargs: dict[str, Any] = {"keyring": keyring, "replica": replica, **role_options(role, config)}
             if issubclass(cls, Participant):
                 kwargs["snapshot_root"] = state_root / SNAPSHOTS_DIR
             actors.append(cls(broker, **kwargs))
     if config.trainer.host == "service":  # inline, the controller hosts it; embedded, it is here
         trainer_dir = state_root / ACTOR_STATE_DIR / broker.run / Role.TRAINER / "0"
-        options = {"secret": secret, "state_dir": trainer_dir, **role_options(Role.TRAINER, config)}
+        options = {"keyring": keyring, "state_dir": trainer_dir, **role_options(Role.TRAINER, config)}
         actors.append(ROLES[Role.TRAINER](broker, **options))
     return actors
 
 
 async def run_workload(
     broker: Broker,
-    secret: bytes,
+    credentials: bytes | Keyring,
     config: RunConfig,
     tasks: list[Task],
     *,
@@ -109,8 +119,9 @@ async def run_workload(
 ) -> RunSummary:
     """Start what this process hosts, run the workload to completion, stop, return the summary.
     With ``metrics_port``, their Prometheus metrics are served on it while the workload runs."""
-    actors = embedded_actors(broker, secret, config, state_root) if embedded else []
-    controller = controller or Controller(broker, secret=secret, replica=0)
+    keyring = as_keyring(credentials, broker.run)
+    actors = embedded_actors(broker, keyring, config, state_root) if embedded else []
+    controller = controller or Controller(broker, keyring=keyring, replica=0)
     started: list[Actor] = []
     # Driving actors on a real broker, the controller's lines join theirs on the run's log stream
     # (``parkway logs``, ``parkway report``); an embedded run's stream would die with the process.

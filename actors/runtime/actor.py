@@ -3,7 +3,8 @@
 What happens to every delivery, in order:
 
 1. the body's size is checked (``invalid_message`` over ``PARKWAY_MAX_BODY_BYTES``, 16 MiB by
-   default), the signature (``unauthorized``), the bytes decoded (``invalid_message``,
+   default), the signature, its destination (this actor's address) and the sender's right to send
+   that type (``unauthorized``, see ``protocol.authorization``), the bytes decoded (``invalid_message``,
    ``unsupported_version``), a control command's correlation id checked against its checkpoint id
    and its deadline against the horizon (``PARKWAY_MAX_DEADLINE_S``);
    a refused message gets an ``Error`` reply where it has a reply address, goes to the dead-letter
@@ -47,7 +48,7 @@ from parkway.actors.runtime.metrics import (
     ActorMetrics,
 )
 from parkway.actors.runtime.replies import ReplyCache
-from parkway.actors.runtime.settings import MAX_DEADLINE_ENV, max_deadline_s
+from parkway.actors.runtime.settings import MAX_DEADLINE_ENV, SettingsError, max_deadline_s
 from parkway.brokers.base import (
     REQUEST_ID_HEADER,
     Broker,
@@ -73,7 +74,8 @@ from parkway.protocol.messages import (
     Status,
     StatusReport,
 )
-from parkway.protocol.signing import SENDER_HEADER
+from parkway.protocol.signing import ROLES as ROLE_NAMES
+from parkway.protocol.signing import SENDER_HEADER, Keyring
 
 log = structlog.get_logger("parkway.actor")
 
@@ -94,7 +96,8 @@ class Actor:
         self,
         broker: Broker,
         *,
-        secret: bytes,
+        secret: bytes | None = None,
+        keyring: Keyring | None = None,
         replica: int = 0,
         state_dir: Path | None = None,
         faults: FaultPoints | None = None,
@@ -106,7 +109,12 @@ class Actor:
         self.broker = broker
         self.replica = replica
         self.address = actor_address(self.role, replica)
-        self.client = Client(broker, secret=secret, sender=self.address)
+        self.client = Client(broker, secret=secret, keyring=keyring, sender=self.address)
+        if self.role in ROLE_NAMES and self.role not in self.client.keyring.private:
+            raise SettingsError(  # at construction, not at the first reply it could not sign
+                f"{self.address}: this process holds no signing key for the {self.role} role "
+                f"(PARKWAY_SIGNING_KEY names {', '.join(self.client.keyring.private) or 'none'})"
+            )
         self.max_deadline_s = max_deadline_s()  # how far ahead a control command's deadline may be
         self.state_dir = state_dir
         self.faults = faults or FaultPoints()
@@ -396,32 +404,7 @@ class Actor:
                 sender=request.headers.get(SENDER_HEADER, ""),
             )
             return
-        content_type = codec.MSGPACK
-        with contextlib.suppress(ProtocolError):
-            content_type = codec.content_kind(request.content_type, request.body)
-        reply = codec.decode(content, codec.MSGPACK)
-        headers = {}
-        if REQUEST_ID_HEADER in request.headers:
-            headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
-        try:
-            envelope = self.client.envelope(
-                reply,
-                correlation_id=request.correlation_id,
-                content_type=content_type,
-                headers=headers,
-                persistent=False,
-            )
-        except ProtocolError as err:  # a reply over the size limit: the requester gets why instead
-            log.warning("reply_too_large", message_type=type(reply).__name__, detail=err.detail)
-            error = Error(code=err.code, detail=f"the reply was not sent: {err.detail}; ask for less")
-            envelope = self.client.envelope(
-                error,
-                correlation_id=request.correlation_id,
-                content_type=content_type,
-                headers=headers,
-                persistent=False,
-            )
-        await self.broker.reply(request.reply_to, envelope)
+        await self.broker.reply(request.reply_to, reply_envelope(self.client, request, content))
 
     async def after_reply(self, message: Message) -> None:
         """Runs once the reply to ``message`` is written (or failed to be): work that must not hold the
@@ -478,6 +461,38 @@ class Actor:
                 if line.split()[0] == probe.checkpoint_id
             )
         return ProbeResult(pid=os.getpid(), executions=executions, note=probe.note)
+
+
+def reply_envelope(client: Client, request: Envelope, content: bytes) -> Envelope:
+    """The encoded reply ``content`` to ``request``, signed for its sender, in the request's content type."""
+    content_type = codec.MSGPACK
+    with contextlib.suppress(ProtocolError):
+        content_type = codec.content_kind(request.content_type, request.body)
+    reply = codec.decode(content, codec.MSGPACK)
+    headers = {}
+    if REQUEST_ID_HEADER in request.headers:
+        headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
+    try:
+        envelope = client.envelope(
+            reply,
+            correlation_id=request.correlation_id,
+            to=request.headers.get(SENDER_HEADER, ""),
+            content_type=content_type,
+            headers=headers,
+            persistent=False,
+        )
+    except ProtocolError as err:  # a reply over the size limit: the requester gets why instead
+        log.warning("reply_too_large", message_type=type(reply).__name__, detail=err.detail)
+        error = Error(code=err.code, detail=f"the reply was not sent: {err.detail}; ask for less")
+        envelope = client.envelope(
+            error,
+            correlation_id=request.correlation_id,
+            to=request.headers.get(SENDER_HEADER, ""),
+            content_type=content_type,
+            headers=headers,
+            persistent=False,
+        )
+    return envelope
 
 
 def _context_of(message: Message) -> dict[str, object]:

@@ -1,25 +1,94 @@
 """Signing and sending messages: what every actor, the controller and the CLI use to talk.
 
-A ``Client`` turns typed messages into signed envelopes and signed reply envelopes back into typed
-messages; a reply whose signature does not verify is refused, like any other message.
+A ``Client`` turns typed messages into envelopes signed for their destination and signed envelopes
+back into typed messages: a request is accepted only if it was signed for this address by a role
+allowed to send it, a reply only if it was signed for this client by the address the request went to.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 
 from parkway.actors.runtime.settings import max_body_bytes
 from parkway.brokers.base import Broker, Envelope
 from parkway.protocol import codec
+from parkway.protocol.authorization import address_role, request_refusal, sender_refusal, signing_role
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.messages import ControlCommand, Error, Message
-from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign, verify
+from parkway.protocol.signing import (
+    KEY_HEADER,
+    MESSAGE_ID_HEADER,
+    SENDER_HEADER,
+    SIGNATURE_HEADER,
+    TO_HEADER,
+    TYPE_HEADER,
+    Keyring,
+    signing_input,
+)
+
+
+def signed_envelope(
+    keyring: Keyring,
+    body: bytes,
+    *,
+    run: str,
+    sender: str,
+    message_type: str,
+    correlation_id: str,
+    to: str,
+    content_type: str,
+    headers: dict[str, str] | None = None,
+    persistent: bool = True,
+) -> Envelope:
+    """``body`` from ``sender`` for ``to``, signed with the key ``protocol.authorization`` picks for it."""
+    key_role = signing_role(sender, message_type, set(keyring.private))
+    if key_role is None:
+        raise ProtocolError(ErrorCode.UNAUTHORIZED, f"this process holds no signing key for sender {sender}")
+    message_id = secrets.token_hex(8)
+    data = signing_input(
+        run=run,
+        sender=sender,
+        key_role=key_role,
+        to=to,
+        message_type=message_type,
+        correlation_id=correlation_id,
+        message_id=message_id,
+        content_type=content_type,
+        body=body,
+    )
+    all_headers = {
+        **(headers or {}),
+        SENDER_HEADER: sender,
+        KEY_HEADER: key_role,
+        TO_HEADER: to,
+        TYPE_HEADER: message_type,
+        MESSAGE_ID_HEADER: message_id,
+        SIGNATURE_HEADER: keyring.sign(key_role, data),
+    }
+    return Envelope(body, content_type, correlation_id, all_headers, persistent=persistent)
 
 
 class Client:
-    def __init__(self, broker: Broker, *, secret: bytes, sender: str, max_bytes: int | None = None) -> None:
+    """Signs as ``sender`` with the keyring's key for that sender (``protocol.authorization``). Give a
+    ``keyring`` (a process's own keys and the run's public table) or a ``secret``, from which every
+    role's keys are derived: for one address space only, where every actor could read every key anyway."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        sender: str,
+        secret: bytes | None = None,
+        keyring: Keyring | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        if keyring is None:
+            if secret is None:
+                raise TypeError("a Client needs a keyring or a secret")
+            keyring = Keyring.derive(secret, broker.run)
         self.broker = broker
-        self.secret = secret
+        self.keyring = keyring
         self.sender = sender
         self.max_bytes = max_bytes if max_bytes is not None else max_body_bytes()
 
@@ -32,53 +101,125 @@ class Client:
         message: Message,
         *,
         correlation_id: str,
+        to: str,
         content_type: str = codec.MSGPACK,
         headers: dict[str, str] | None = None,
         persistent: bool = True,
     ) -> Envelope:
+        """``message`` for the actor (or requester) at ``to``, signed for that destination only."""
         body = codec.encode(message, content_type)
         if len(body) > self.max_bytes:  # the receiver would refuse it: say so here, send nothing
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE,
                 f"{type(message).__name__} of {len(body)} bytes exceeds the limit of {self.max_bytes} bytes",
             )
-        signature = sign(
-            self.secret,
+        return self.signed(
+            body,
+            message_type=type(message).__name__,
+            correlation_id=correlation_id,
+            to=to,
+            content_type=content_type,
+            headers=headers,
+            persistent=persistent,
+        )
+
+    def signed(
+        self,
+        body: bytes,
+        *,
+        message_type: str,
+        correlation_id: str,
+        to: str,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+        persistent: bool = True,
+    ) -> Envelope:
+        """An envelope around ``body`` as it is, signed: ``envelope`` for bytes already encoded."""
+        return signed_envelope(
+            self.keyring,
+            body,
             run=self.run,
             sender=self.sender,
+            message_type=message_type,
             correlation_id=correlation_id,
+            to=to,
             content_type=content_type,
-            body=body,
+            headers=headers,
+            persistent=persistent,
         )
-        all_headers = {**(headers or {}), SENDER_HEADER: self.sender, SIGNATURE_HEADER: signature}
-        return Envelope(body, content_type, correlation_id, all_headers, persistent=persistent)
 
-    def open(self, envelope: Envelope) -> Message:
-        """Verify and decode a received envelope, or raise ``ProtocolError``. An oversized body is
-        refused before anything reads it (even before its signature is checked)."""
+    def open(self, envelope: Envelope, *, at: str | None = None) -> Message:
+        """Verify, authorize and decode a request delivered to this client's address (or ``at``), or
+        raise ``ProtocolError``. It must be signed for this address by a key of the role its sender
+        address names, and that role must be allowed to send its type (``protocol.authorization``). An
+        oversized body is refused before anything reads it (even before its signature is checked)."""
+        sender, key_role, message_type = self._verified(envelope, at or self.sender)
+        message = self._decoded(envelope, message_type)  # a malformed body is invalid_message
+        refusal = request_refusal(key_role, message_type)
+        if refusal is not None:
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"from {sender}: {refusal}")
+        return message
+
+    def open_reply(self, envelope: Envelope, *, requested: str) -> Message:
+        """Verify and decode the reply to a request sent to ``requested``: signed for this client by
+        that very address, with its role's key."""
+        sender, key_role, message_type = self._verified(envelope, self.sender)
+        named = address_role(requested)
+        if sender != requested or (named is not None and key_role != named):
+            raise ProtocolError(
+                ErrorCode.UNAUTHORIZED,
+                f"a reply to a request sent to {requested} comes from {sender or 'nobody'} "
+                f"signed by the {key_role} key",
+            )
+        return self._decoded(envelope, message_type)
+
+    def _verified(self, envelope: Envelope, address: str) -> tuple[str, str, str]:
         codec.check_size(envelope.body, self.max_bytes)
-        sender = envelope.headers.get(SENDER_HEADER, "")
-        if not verify(
-            self.secret,
-            envelope.headers.get(SIGNATURE_HEADER),
+        headers = envelope.headers
+        sender = headers.get(SENDER_HEADER, "")
+        key_role = headers.get(KEY_HEADER, "")
+        to = headers.get(TO_HEADER, "")
+        message_type = headers.get(TYPE_HEADER, "")
+        data = signing_input(
             run=self.run,
             sender=sender,
+            key_role=key_role,
+            to=to,
+            message_type=message_type,
             correlation_id=envelope.correlation_id,
+            message_id=headers.get(MESSAGE_ID_HEADER, ""),
             content_type=envelope.content_type,
             body=envelope.body,
-        ):
+        )
+        if not self.keyring.verify(key_role, data, headers.get(SIGNATURE_HEADER)):
             raise ProtocolError(
                 ErrorCode.UNAUTHORIZED,
                 f"signature of a message from {sender or 'an unnamed sender'} does not verify for run "
-                f"{self.run!r} (wrong secret, unsigned, or a message from another run)",
+                f"{self.run!r} (a key not of this run's table, unsigned, or a message from another run)",
             )
-        return codec.decode(envelope.body, envelope.content_type, max_bytes=self.max_bytes)
+        if to != address:  # signed for another queue and moved here: one capture must not fan out
+            raise ProtocolError(
+                ErrorCode.UNAUTHORIZED, f"a message from {sender} signed for {to} was delivered to {address}"
+            )
+        refusal = sender_refusal(sender, key_role)
+        if refusal is not None:
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, refusal)
+        return sender, key_role, message_type
+
+    def _decoded(self, envelope: Envelope, message_type: str) -> Message:
+        message = codec.decode(envelope.body, envelope.content_type, max_bytes=self.max_bytes)
+        if type(message).__name__ != message_type:
+            raise ProtocolError(
+                ErrorCode.UNAUTHORIZED,
+                f"the body is a {type(message).__name__} but was signed as a {message_type}",
+            )
+        return message
 
     async def send(
         self, address: str, message: Message, *, correlation_id: str, persistent: bool = True
     ) -> None:
         await self.broker.publish(
-            address, self.envelope(message, correlation_id=correlation_id, persistent=persistent)
+            address, self.envelope(message, correlation_id=correlation_id, to=address, persistent=persistent)
         )
 
     async def request(
@@ -99,10 +240,10 @@ class Client:
             raise ValueError("a data request needs a correlation id")
         reply = await self.broker.request(
             address,
-            self.envelope(message, correlation_id=correlation_id, content_type=content_type),
+            self.envelope(message, correlation_id=correlation_id, to=address, content_type=content_type),
             deadline=deadline if deadline is not None else time.time() + timeout,
         )
-        return self.open(reply)
+        return self.open_reply(reply, requested=address)
 
     async def call(
         self,

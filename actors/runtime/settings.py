@@ -1,7 +1,12 @@
-"""Process settings that come from the environment: the run, its secret, the broker URL.
+"""Process settings that come from the environment: the run, its keys, the broker URL.
 
-Credentials never come from code: the broker URL (with its password) and the run secret are read from
-``PARKWAY_BROKER_URL`` and ``PARKWAY_SECRET``; a command-line flag may override the URL.
+Credentials never come from code: the broker URL (with its password) comes from ``PARKWAY_BROKER_URL``
+(a command-line flag may override it), the keys from ``PARKWAY_SIGNING_KEY`` (this process's own role's
+private key, or several comma-separated where one process hosts several roles) and
+``PARKWAY_PUBLIC_KEYS`` (every role's public key); ``parkway keys generate --env`` makes them. Without
+them, ``PARKWAY_SECRET`` derives every role's key pair (``Keyring.derive``): an operator's secret, good
+for tools and drivers, but a process holding it can sign as any role, so ``parkway actor`` refuses it
+unless ``PARKWAY_INSECURE_SHARED_SECRET=1`` says so on purpose (docs/security.md).
 ``PARKWAY_METRICS_PORT`` (or ``--metrics-port``) serves the process's Prometheus metrics on that port;
 0 or unset serves none. ``PARKWAY_MAX_BODY_BYTES`` sets the largest message body accepted and sent
 (16 MiB by default). ``PARKWAY_CLUSTER_WAIT_S`` is how long a controller waits for every participant
@@ -18,12 +23,13 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from parkway.protocol import codec
 from parkway.protocol.ids import validate_name
 from parkway.protocol.phases import DEFAULT_MAX_LEASE_S
+from parkway.protocol.signing import KeyFormatError, Keyring
 
 DEFAULT_RUN = "default"
 MEMORY_URL = "memory://"
@@ -36,6 +42,10 @@ RECEIPT_RESEND_ENV = "PARKWAY_RECEIPT_RESEND_S"
 RECEIPT_RESEND_MAX_ENV = "PARKWAY_RECEIPT_RESEND_MAX_S"
 RECEIPT_RESENDS_ENV = "PARKWAY_RECEIPT_RESENDS"
 DEFAULT_RESEND_S, DEFAULT_RESEND_MAX_S, DEFAULT_RESENDS = 2.0, 60.0, 30
+SIGNING_KEY_ENV = "PARKWAY_SIGNING_KEY"
+PUBLIC_KEYS_ENV = "PARKWAY_PUBLIC_KEYS"
+SECRET_ENV = "PARKWAY_SECRET"
+INSECURE_ENV = "PARKWAY_INSECURE_SHARED_SECRET"
 
 
 class SettingsError(Exception):
@@ -103,13 +113,45 @@ class ReceiptResend:
         return cls(first_s=first_s, max_s=max_s, give_up_after=int(text) if text else DEFAULT_RESENDS)
 
 
+def keyring_from_env(run: str, environ: Mapping[str, str]) -> Keyring | None:
+    """The keyring ``PARKWAY_SIGNING_KEY`` and ``PARKWAY_PUBLIC_KEYS`` give, None when neither is set."""
+    private_text = environ.get(SIGNING_KEY_ENV, "").strip()
+    public_text = environ.get(PUBLIC_KEYS_ENV, "").strip()
+    if not private_text and not public_text:
+        return None
+    if not public_text:
+        raise SettingsError(
+            f"{SIGNING_KEY_ENV} is set but {PUBLIC_KEYS_ENV} is not: a process needs every role's public "
+            "key to check what it receives (parkway keys generate --env prints both)"
+        )
+    try:
+        return Keyring.from_text(private_text, public_text)
+    except KeyFormatError as exc:
+        raise SettingsError(f"{SIGNING_KEY_ENV} / {PUBLIC_KEYS_ENV}: {exc}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class RunSettings:
     run: str
-    secret: bytes
+    secret: bytes  # b"" when the keys come from PARKWAY_SIGNING_KEY
     broker_url: str
     state_root: Path
     metrics_port: int = 0  # 0: no metrics endpoint
+    keyring: Keyring = field(default_factory=Keyring)
+    shared_secret: bool = False  # the keyring was derived from PARKWAY_SECRET: it holds every role's key
+
+    def refuse_shared_secret(self, what: str) -> None:
+        """A service process on a real broker must hold its own role's key only; raise unless the
+        operator chose the shared secret on purpose (``PARKWAY_INSECURE_SHARED_SECRET=1``)."""
+        if not self.shared_secret or self.broker_url.startswith(MEMORY_URL):
+            return
+        if os.environ.get(INSECURE_ENV, "").strip() == "1":
+            return
+        raise SettingsError(
+            f"{what} was given only {SECRET_ENV}, from which every role's key derives: any holder could "
+            f"command the cluster. Set {SIGNING_KEY_ENV} (this role's key) and {PUBLIC_KEYS_ENV} "
+            f"(parkway keys generate --env), or {INSECURE_ENV}=1 to accept the shared secret"
+        )
 
     @classmethod
     def from_env(
@@ -126,12 +168,14 @@ class RunSettings:
             validate_name(run_name, "run")
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
-        secret_text = os.environ.get("PARKWAY_SECRET", "")
-        if not secret_text:
+        keyring = keyring_from_env(run_name, os.environ)
+        secret_text = os.environ.get(SECRET_ENV, "")
+        if keyring is None and not secret_text:
             if not (allow_ephemeral_secret or url.startswith(MEMORY_URL)):
                 raise SettingsError(
-                    "PARKWAY_SECRET is not set: every actor and client of a run signs its control messages "
-                    "with this shared secret (put it in .env, see .env.example)"
+                    f"no keys: set {SIGNING_KEY_ENV} and {PUBLIC_KEYS_ENV} (parkway keys generate --env; "
+                    f"every message is signed with its sender role's key), or {SECRET_ENV} for an "
+                    "operator's tool (see .env.example)"
                 )
             secret_text = secrets.token_hex(32)
         state_root = Path(os.environ.get("PARKWAY_STATE_DIR", ".parkway"))
@@ -142,10 +186,13 @@ class RunSettings:
             metrics_port = int(text)
         if not 0 <= metrics_port <= 65535:
             raise SettingsError(f"metrics port {metrics_port}: want a TCP port, 0 to 65535 (0: off)")
+        secret = b"" if keyring is not None else secret_text.encode()
         return cls(
             run=run_name,
-            secret=secret_text.encode(),
+            secret=secret,
             broker_url=url,
             state_root=state_root,
             metrics_port=metrics_port,
+            keyring=keyring if keyring is not None else Keyring.derive(secret, run_name),
+            shared_secret=keyring is None,
         )

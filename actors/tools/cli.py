@@ -11,6 +11,7 @@ parkway dead-letters   show, take or purge the run's dead-letter queue (show|tak
 parkway snapshots  list, show or verify the snapshots on disk (list|show|verify)
 parkway plugins    the agent programs, environments and trainers installed (list), or a run's (check)
 parkway sign       print the signature headers for a body (for rabbitmqadmin and other clients)
+parkway keys       make a key pair for every role (generate --env prints .env lines)
 
 Each command lives with its job under ``parkway.actors.tools.commands`` (or in its tool's own module:
 ``report``, ``snapshots``, the chaos ``nemesis``); this module builds the parser from them in the order
@@ -31,6 +32,7 @@ from parkway.actors.tools import report
 from parkway.actors.tools.commands import (
     control,
     dead_letters,
+    keys,
     logs,
     model,
     plugins,
@@ -99,6 +101,7 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     plugins.add_plugins,
     add_snapshots,
     control.add_sign,
+    keys.add_keys,
 )
 
 

@@ -122,7 +122,7 @@ async def test_an_oversized_body_is_refused_at_the_edge_naming_its_size(
         + b'"}'
     )
     envelope = (
-        signed_raw(actor.run, body, correlation_id="big")
+        signed_raw(actor.run, body, correlation_id="big", to="tq/0")
         if signed
         else Envelope(body, codec.JSON, "big", {SENDER_HEADER: "stranger/0"})
     )
@@ -156,7 +156,9 @@ async def test_the_limit_is_configurable_and_guards_both_directions(
         # Receiving: what another client sends over the limit is refused at the edge.
         body = codec.encode(Probe(checkpoint_id="p", deadline=soon(), note="x" * 5000), codec.JSON)
         error = error_of(
-            await broker.request("tq/0", signed_raw(RUN, body, correlation_id="p"), deadline=soon())
+            await broker.request(
+                "tq/0", signed_raw(RUN, body, correlation_id="p", to="tq/0"), deadline=soon()
+            )
         )
         assert error.detail == f"body of {len(body)} bytes exceeds the limit of 4096 bytes"
         # Replying: an answer that would be over the limit becomes an error that says so.
@@ -226,14 +228,16 @@ async def test_a_message_that_is_not_signed_for_this_run_is_unauthorized_at_ever
 ) -> None:
     hub, broker, _ = cluster
     probe = Probe(checkpoint_id="p-1", deadline=soon())
+    address = f"{role}/0"
     if who == "wrong secret":
-        envelope = Client(broker, secret=b"a guess", sender="test/0").envelope(probe, correlation_id="p-1")
+        guess = Client(broker, secret=b"a guess", sender="test/0")
+        envelope = guess.envelope(probe, correlation_id="p-1", to=address)
     elif who == "another run":  # same secret, same queue name, another run: the run is signed too
         async with MemoryBroker(hub, "other") as other:
-            envelope = Client(other, secret=SECRET, sender="test/0").envelope(probe, correlation_id="p-1")
+            foreign = Client(other, secret=SECRET, sender="test/0")
+            envelope = foreign.envelope(probe, correlation_id="p-1", to=address)
     else:
         envelope = Envelope(codec.encode(probe), codec.MSGPACK, "p-1", {SENDER_HEADER: "test/0"})
-    address = f"{role}/0"
     error = error_of(await broker.request(address, envelope, deadline=soon()))
     assert error.code is ErrorCode.UNAUTHORIZED and "does not verify for run 'bad'" in error.detail
     [letter] = await dead_letters(broker, 1)
@@ -277,7 +281,9 @@ async def test_hostile_ids_and_locations_are_refused_before_the_disk(
     resources: tuple[Participant, Client, Path, Path], body: bytes
 ) -> None:
     _, client, root, outside = resources
-    reply = await raw_request(client, "resources/0", signed_raw(RUN, body, correlation_id="hostile"))
+    reply = await raw_request(
+        client, "resources/0", signed_raw(RUN, body, correlation_id="hostile", to="resources/0")
+    )
     assert isinstance(reply, Error) and reply.code is ErrorCode.INVALID_MESSAGE
     assert any(word in reply.detail for word in ("location", "checkpoint"))
     [letter] = await dead_letters(client.broker, 1)

@@ -114,8 +114,8 @@ class Cluster:
     def send(self, item: Fuzzed) -> None:
         async def go() -> None:
             envelope = envelope_of(
-                item, self.signers
-            )  # (odd reply addresses, replays, bursts: over RabbitMQ)
+                item, self.signers, self.target
+            )  # (odd reply addresses, replays: over RabbitMQ)
             if item.reply:
                 request_id = f"fz-{self.sent}"
                 self.waiting[request_id] = self.broker._pending.open(request_id)

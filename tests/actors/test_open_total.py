@@ -32,7 +32,7 @@ SIGNERS = Signers.of(BROKER, SECRET)
 )
 @given(item=fuzzed(), actor=st.sampled_from(ACTORS))
 def test_opening_any_delivery_is_a_message_or_a_typed_refusal(item: Fuzzed, actor: Actor) -> None:
-    envelope = envelope_of(item, SIGNERS)
+    envelope = envelope_of(item, SIGNERS, actor.address)
     try:
         message = actor._open(envelope)
     except ProtocolError:

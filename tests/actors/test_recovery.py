@@ -15,6 +15,7 @@ from parkway.actors.launch.workload import run_workload
 from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
 from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
+from parkway.actors.runtime.client import Client
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 from tests.support.embedded import embedded_run
@@ -188,7 +189,8 @@ async def test_an_orphaned_checkpoint_whose_abort_is_refused_fails_the_start_by_
         await start(self)
         if self.address == "policy/0":  # what the dead controller left behind
             prepare = Prepare(checkpoint_id=dead, deadline=time.time() + 60)
-            assert isinstance(await self.client.request(self.address, prepare), Prepared)
+            dead_controller = Client(self.broker, keyring=self.client.keyring, sender="controller/0")
+            assert isinstance(await dead_controller.request(self.address, prepare), Prepared)
 
     async def refuse(self: Participant, command):  # type: ignore[no-untyped-def]
         if command.checkpoint_id == dead:

@@ -125,6 +125,8 @@ async def test_sign_gives_headers_a_plain_pika_client_can_use(
             "signed-1",
             "--sender",
             "ops/1",
+            "--to",
+            "resources/0",
         ],
         input=body,
         env=actor_env(run_name, tmp_path / "cli"),

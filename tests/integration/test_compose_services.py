@@ -2,7 +2,7 @@
 
 The commands and environment come from `compose config` itself; only what Docker would provide is
 swapped: the broker URL (RabbitMQ on this machine), the state volume (a temporary directory), the image's
-/app (this checkout), the run name (unique per test), the secret (the test client's) and the metrics port (off: processes share a host).
+/app (this checkout), the run name (unique per test), the keys (each service its own role's, from the test client's keyring) and the metrics port (off: processes share a host).
 Then `docker compose kill controller` and `up` again, as processes: the controller is SIGKILLed after a
 snapshot is published while every other service keeps running, and a new controller process restores
 that snapshot and finishes the run.
@@ -20,6 +20,7 @@ import pytest
 from parkway.actors.launch import processes as launch
 from parkway.actors.launch.processes import Process, clean_environment
 from parkway.actors.storage.trainer import TrainerRecords
+from parkway.protocol.signing import Keyring
 
 from tests.support.compose import compose, example_env
 from tests.support.paths import ROOT
@@ -47,12 +48,16 @@ def as_process(command: list[str]) -> list[str]:
 def service_env(environment: dict[str, str], *, url: str, run: str, state: Path) -> dict[str, str]:
     env = clean_environment()
     env.update(environment)
+    # The service's own role's key, as compose hands it, but from the keyring the test's client holds.
+    role = environment["PARKWAY_SIGNING_KEY"].partition(":")[0]
+    keys = Keyring.derive(SECRET.encode(), run)
     env.update(
         PARKWAY_BROKER_URL=url,
         PARKWAY_RUN=run,
         PARKWAY_STATE_DIR=str(state),
         PARKWAY_METRICS_PORT="0",
-        PARKWAY_SECRET=SECRET,  # the test's client signs with this one
+        PARKWAY_SIGNING_KEY=keys.private_text([role]),
+        PARKWAY_PUBLIC_KEYS=keys.public_text(),
         # A faster clock than the example's 5 s, so the test sees several snapshots in seconds.
         PARKWAY_CFG__SNAPSHOT_INTERVAL_S="0.5",
     )

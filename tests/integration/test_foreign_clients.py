@@ -1,15 +1,16 @@
-"""Clients that are not ours: a plain pika script publishing JSON, signing with hashlib alone."""
+"""Clients that are not ours: a plain pika script publishing JSON, signing with ``cryptography`` alone."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import base64
 import json
 import time
 import uuid
 
 import pika
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from parkway.protocol.signing import Keyring
 
 from tests.support.processes import SECRET, wait_ready
 
@@ -17,16 +18,28 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
 
 def pika_request(url: str, run: str, address: str, body: dict, *, sign_it: bool = True) -> dict:
-    """What a user's script does: JSON body, HMAC by hand, its own reply queue, blocking wait."""
+    """What a user's script does: JSON body, an Ed25519 signature by hand with the controller's key
+    (its ``PARKWAY_KEY_CONTROLLER`` text: ``controller:<base64 seed>``), its own reply queue, blocking
+    wait. Only the key text comes from parkway (the launcher derives the run's keys from its secret)."""
     raw = json.dumps(body).encode()
     correlation_id = body["checkpoint_id"]
-    sender = "script/1"
+    sender, message_id = "script/1", uuid.uuid4().hex
     headers = {"x-parkway-sender": sender}
     if sign_it:
-        signed = (
-            "\n".join(("parkway-v1", run, sender, correlation_id, "application/json")).encode() + b"\n" + raw
+        key_text = Keyring.derive(SECRET.encode(), run).private_text(["controller"])
+        key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(key_text.partition(":")[2]))
+        fields = ["parkway-v2", run, sender, "controller", address, body["type"], correlation_id, message_id]
+        parts = [f.encode() for f in [*fields, "application/json"]] + [raw]
+        signed = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+        headers.update(
+            {
+                "x-parkway-key": "controller",
+                "x-parkway-to": address,
+                "x-parkway-type": body["type"],
+                "x-parkway-message-id": message_id,
+                "x-parkway-signature": base64.b64encode(key.sign(signed)).decode(),
+            }
         )
-        headers["x-parkway-signature"] = hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
         channel = connection.channel()

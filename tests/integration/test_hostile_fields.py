@@ -53,7 +53,7 @@ class Policy:
 
         async def go() -> object:
             envelope = signed_bytes(
-                self.client, body, correlation_id=correlation_id, content_type=content_type
+                self.client, body, correlation_id=correlation_id, content_type=content_type, to="policy/0"
             )
             reply = await self.broker.request("policy/0", envelope, deadline=time.time() + 20)
             return self.client.open(reply)

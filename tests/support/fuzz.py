@@ -28,6 +28,8 @@ from parkway.protocol import messages as m
 from parkway.protocol.ids import CHECKPOINT_ID_PATTERN
 from parkway.protocol.signing import SENDER_HEADER
 
+from tests.support.signed import type_label
+
 # The status counters of messages an actor refused at its edge (each of these is also dead-lettered).
 REFUSALS = (
     "refused:unauthorized",
@@ -437,15 +439,23 @@ def deep_document(document: dict[str, Any], depth: int, content_type: str) -> by
     return bytes([body[0] + 1]) + body[1:] + msgspec.msgpack.encode("x") + b"\x91" * depth + b"\x90"
 
 
-def signed_bytes(client: Client, body: bytes, *, correlation_id: str, content_type: str) -> Envelope:
-    """Any bytes, signed by ``client`` as it signs a message of its own (``Raw`` is encoded as is)."""
-    raw = cast(m.Message, msgspec.Raw(body))
-    return client.envelope(raw, correlation_id=correlation_id, content_type=content_type)
+def signed_bytes(client: Client, body: bytes, *, correlation_id: str, content_type: str, to: str) -> Envelope:
+    """Any bytes, signed by ``client`` for ``to`` as it signs a message of its own, as the type the body
+    says it is (so the receiver judges the body itself)."""
+    return client.signed(
+        body,
+        message_type=type_label(body, content_type),
+        correlation_id=correlation_id,
+        to=to,
+        content_type=content_type,
+    )
 
 
-def envelope_of(item: Fuzzed, signers: Signers) -> Envelope:
-    """The delivery as its (hostile) sender would publish it (without its reply address)."""
+def envelope_of(item: Fuzzed, signers: Signers, to: str) -> Envelope:
+    """The delivery for ``to`` as its (hostile) sender would publish it (without its reply address)."""
     if item.signing == "none":
         return Envelope(item.body, item.content_type, item.correlation_id, {SENDER_HEADER: "fuzz/0"})
     client = getattr(signers, item.signing)
-    return signed_bytes(client, item.body, correlation_id=item.correlation_id, content_type=item.content_type)
+    return signed_bytes(
+        client, item.body, correlation_id=item.correlation_id, content_type=item.content_type, to=to
+    )

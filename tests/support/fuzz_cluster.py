@@ -23,6 +23,7 @@ from parkway.brokers.rabbitmq import RabbitBroker
 from parkway.protocol import codec
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.messages import Abort, Error, Status, StatusReport
+from parkway.protocol.signing import TO_HEADER
 
 from tests.support.fuzz import CATEGORIES, Fuzzed, Signers, envelope_of
 from tests.support.processes import SECRET, start_actor_process, status_of, wait_ready
@@ -85,7 +86,7 @@ class FuzzCluster:
         if item.replay and address in self._last:
             base = self._last[address]  # exactly the same signed message again (its routing is not signed)
         else:
-            base = envelope_of(item, self.signers)
+            base = envelope_of(item, self.signers, address)
             self._last[address] = base
         for _ in range(item.copies):
             fuzz_id = f"{address}#{len(self.sent)}"
@@ -110,7 +111,10 @@ class FuzzCluster:
         """A burst copy: a Status question under its own id, signed as the fuzzer's own."""
         status = Status(checkpoint_id=checkpoint_id, deadline=time.time() + 60)
         signed = self.signers.ok.envelope(
-            status, correlation_id=checkpoint_id, content_type=envelope.content_type or codec.MSGPACK
+            status,
+            correlation_id=checkpoint_id,
+            to=envelope.headers[TO_HEADER],
+            content_type=envelope.content_type or codec.MSGPACK,
         )
         return replace(signed, headers={**envelope.headers, **signed.headers})
 

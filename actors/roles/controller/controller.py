@@ -238,7 +238,7 @@ class Controller(Actor):
         self._config, self._tasks = config, tasks
         # The trainer actor: in this process (given a Trainer object, or ``trainer.host: inline``),
         # or a ``parkway actor trainer`` service that must answer like every participant.
-        hosted = await inline_trainer(self.broker, self.client.secret, config, trainer, snapshot_root)
+        hosted = await inline_trainer(self.broker, self.client.keyring, config, trainer, snapshot_root)
         try:
             return await self._run_hosting_trainer(
                 config, tasks, hosted is not None, snapshot_root, stop_after_snapshots

@@ -43,6 +43,7 @@ from parkway.protocol.messages import (
     TrainGroup,
     WeightsLoaded,
 )
+from parkway.protocol.signing import Keyring
 from parkway.protocol.snapshot import SnapshotFailure
 from parkway.protocol.training import InTraining, train_correlation_id
 
@@ -54,7 +55,7 @@ CHECKPOINT_RETRY_CAP_S = 30.0  # the longest pause between tries of a trainer ch
 
 
 async def inline_trainer(
-    broker: Broker, secret: bytes, config: RunConfig, trainer: Trainer | None, snapshot_root: Path | None
+    broker: Broker, keyring: Keyring, config: RunConfig, trainer: Trainer | None, snapshot_root: Path | None
 ) -> TrainerActor | None:
     """The trainer actor in the controller's process, started: hosting ``trainer`` when one is given
     (an embedded run, a test), the configured plugin with ``trainer.host: inline``; None when the
@@ -67,7 +68,7 @@ async def inline_trainer(
         state_dir = snapshot_root.parent / ACTOR_STATE_DIR / broker.run / Role.TRAINER / "0"
     actor = TrainerActor(
         broker,
-        secret=secret,
+        keyring=keyring,  # the controller's process holds the trainer's key too when it hosts the trainer
         trainer=trainer,
         kind=config.trainer.kind,
         options=dict(config.trainer.options),

@@ -1,6 +1,7 @@
 """Signed control messages from the command line: ``parkway snapshot`` (ask the controller for one now),
 ``parkway publish`` (any control command to any actor, its typed reply printed) and ``parkway sign``
-(the signature headers, for clients that publish by themselves)."""
+(the signature headers, for clients that publish by themselves). Each signs with the key the operator
+gives (``PARKWAY_SIGNING_KEY``): control commands need the controller's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from parkway.actors.runtime.client import Client
+from parkway.actors.runtime.client import Client, signed_envelope
 from parkway.actors.runtime.settings import RunSettings, SettingsError
 from parkway.actors.tools.commands.options import Subcommands, cli_sender, common, print_json
 from parkway.brokers import RequestTimeout, connect
@@ -19,7 +20,6 @@ from parkway.protocol import SCHEMA_VERSION, codec
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import new_checkpoint_id, parse_address, validate_checkpoint_id
 from parkway.protocol.messages import CONTROL_COMMANDS, Error, Snapshot
-from parkway.protocol.signing import SENDER_HEADER, SIGNATURE_HEADER, sign
 
 COMMANDS = {cls.__name__.lower(): cls for cls in CONTROL_COMMANDS}
 
@@ -58,6 +58,9 @@ def add_sign(sub: Subcommands) -> None:
     p = sub.add_parser("sign", help="print signature headers for a body read from stdin")
     p.add_argument("--run")
     p.add_argument("--correlation-id", required=True)
+    p.add_argument(
+        "--to", required=True, help="ROLE/REPLICA the message is for (it is refused anywhere else)"
+    )
     p.add_argument("--sender", default="cli/sign")
     p.add_argument("--content-type", default=codec.JSON)
     p.set_defaults(func=_cmd_sign)
@@ -74,7 +77,7 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with connect(settings.broker_url, settings.run) as broker:
-            client = Client(broker, secret=settings.secret, sender=cli_sender())
+            client = Client(broker, keyring=settings.keyring, sender=cli_sender())
             try:
                 reply = await client.request("controller/0", request)
             except RequestTimeout:
@@ -122,7 +125,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with connect(settings.broker_url, settings.run) as broker:
-            client = Client(broker, secret=settings.secret, sender=cli_sender())
+            client = Client(broker, keyring=settings.keyring, sender=cli_sender())
             content_type = codec.JSON if args.json_body else codec.MSGPACK
             try:
                 reply = await client.request(args.to, message, content_type=content_type)
@@ -138,13 +141,21 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 def _cmd_sign(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(run=args.run, broker_url="amqp://unused")
     body = sys.stdin.buffer.read()
-    signature = sign(
-        settings.secret,
+    try:
+        parse_address(args.to)
+        message_type = type(codec.decode(body, args.content_type)).__name__  # what the signature vouches for
+    except (ValueError, ProtocolError) as exc:
+        print(f"parkway: {exc}", file=sys.stderr)
+        return 2
+    envelope = signed_envelope(
+        settings.keyring,
+        body,
         run=settings.run,
         sender=args.sender,
+        message_type=message_type,
         correlation_id=args.correlation_id,
+        to=args.to,
         content_type=args.content_type,
-        body=body,
     )
-    print_json({SENDER_HEADER: args.sender, SIGNATURE_HEADER: signature})
+    print_json(envelope.headers)
     return 0

@@ -72,7 +72,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
                 for role, n in topology.items()
                 for replica in range(n)
             ]
-            client = Client(broker, secret=settings.secret, sender=cli_sender())
+            client = Client(broker, keyring=settings.keyring, sender=cli_sender())
 
             async def announce() -> None:
                 rows = await cluster_status.collect(client, [a.address for a in actors], timeout=3.0)
@@ -101,6 +101,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_actor(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run, metrics_port=args.metrics_port)
+    settings.refuse_shared_secret(f"parkway actor {args.role}")
     try:
         config = load_config(args.config) if args.config else None
     except ConfigError as exc:

@@ -51,7 +51,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with connect(settings.broker_url, settings.run) as broker:
-            client = Client(broker, secret=settings.secret, sender=cli_sender())
+            client = Client(broker, keyring=settings.keyring, sender=cli_sender())
             while True:
                 rows = await once(broker, client)
                 if args.json:

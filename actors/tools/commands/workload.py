@@ -79,12 +79,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     async def go() -> RunSummary:
         broker = connect(settings.broker_url, settings.run, connection_name=f"parkway-{settings.run}-run")
         async with broker:
-            controller = Controller(broker, secret=settings.secret, replica=0)
+            controller = Controller(broker, keyring=settings.keyring, replica=0)
             label = f"run {settings.run}"
             async with progress.watching(lambda: progress.describe(label, controller.progress()), line):
                 return await run_workload(
                     broker,
-                    settings.secret,
+                    settings.keyring,
                     config,
                     tasks,
                     embedded=embedded,

@@ -16,6 +16,7 @@ from parkway.actors.launch import processes
 from parkway.actors.launch.processes import Process, ProcessExited
 from parkway.actors.runtime.client import Client
 from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol.signing import Keyring
 
 
 def test_the_clean_environment_drops_every_parkway_variable_and_keeps_the_rest() -> None:
@@ -43,6 +44,21 @@ def test_the_run_environment_is_the_clean_one_plus_the_runs_settings(
     assert env["PYTHONPATH"] == "/checkout"  # a checkout on the path is the one the child imports
     without_broker = processes.run_variables(run="r1", secret="s3", state=tmp_path)
     assert "PARKWAY_BROKER_URL" not in without_broker
+
+
+def test_each_process_gets_its_own_role_key_and_the_table_never_the_secret(tmp_path: Path) -> None:
+    env = processes.run_environment(run="r1", secret="s3", state=tmp_path)
+    agent = processes.own_keys(env, ["agent"])
+    assert "PARKWAY_SECRET" not in agent and env["PARKWAY_SECRET"] == "s3"  # the caller keeps its copy
+    derived = Keyring.derive(b"s3", "r1")
+    assert agent["PARKWAY_SIGNING_KEY"] == derived.private_text(["agent"])
+    assert agent["PARKWAY_PUBLIC_KEYS"] == derived.public_text()
+    driver = Keyring.from_text(
+        processes.own_keys(env, ["controller", "trainer"])["PARKWAY_SIGNING_KEY"], derived.public_text()
+    )
+    assert set(driver.private) == {"controller", "trainer"}
+    given = {**env, "PARKWAY_SIGNING_KEY": "tq:x"}  # keys named by the caller are left alone
+    assert processes.own_keys(given, ["agent"]) == given
 
 
 def test_the_command_is_this_interpreters_parkway() -> None:

@@ -81,10 +81,13 @@ class Cluster:
         self.broker = broker
         self.policy = policy
         self.agent = Client(broker, secret=SECRET, sender="agent/0")
+        self.controller = Client(broker, secret=SECRET, sender="controller/0")  # control needs its key
         self.rows: asyncio.Queue[tuple[str, Message]] = asyncio.Queue()
 
     async def on_row(self, delivery: Delivery) -> None:
-        self.rows.put_nowait((delivery.envelope.correlation_id, self.agent.open(delivery.envelope)))
+        self.rows.put_nowait(
+            (delivery.envelope.correlation_id, self.agent.open(delivery.envelope, at="tq/0"))
+        )
         await delivery.ack()
 
     async def generate(self, call_index: int = 0, *, rollout_id: str = "g_g0", attempt: int = 0) -> Message:
@@ -100,7 +103,7 @@ class Cluster:
         return await self.agent.request("policy/0", call, correlation_id=request_id, timeout=20)
 
     async def control(self, command: Message) -> Message:
-        return await self.agent.request("policy/0", command)  # type: ignore[arg-type]
+        return await self.controller.request("policy/0", command)  # type: ignore[arg-type]
 
     async def commit_and_resume(self, checkpoint_id: str) -> dict[str, object]:
         """Finish the checkpoint (Commit, Resume); return the policy's snapshot record."""

@@ -60,7 +60,7 @@ async def test_status_reports_the_actor(tq: Actor, client: Client) -> None:
 async def test_wrong_secret_is_unauthorized_and_dead_lettered(tq: Actor, broker: MemoryBroker) -> None:
     intruder = Client(broker, secret=b"guess", sender="test/0")
     # The intruder cannot verify the reply either (it is signed with the run's secret), so read it raw.
-    envelope = intruder.envelope(probe(), correlation_id="p-1")
+    envelope = intruder.envelope(probe(), correlation_id="p-1", to="tq/0")
     raw = await broker.request("tq/0", envelope, deadline=time.time() + 5)
     reply = codec.decode(raw.body, raw.content_type)
     assert isinstance(reply, Error) and reply.code is ErrorCode.UNAUTHORIZED
@@ -72,7 +72,9 @@ async def test_wrong_secret_is_unauthorized_and_dead_lettered(tq: Actor, broker:
 async def test_a_message_signed_for_another_run_is_unauthorized(tq: Actor, hub: MemoryHub) -> None:
     # Same secret, same queue name, other run: the run is part of what is signed.
     async with MemoryBroker(hub, "other") as other:
-        foreign = Client(other, secret=SECRET, sender="test/0").envelope(probe(), correlation_id="p-1")
+        foreign = Client(other, secret=SECRET, sender="test/0").envelope(
+            probe(), correlation_id="p-1", to="tq/0"
+        )
     async with MemoryBroker(hub, RUN) as same_run:
         raw = await same_run.request("tq/0", foreign, deadline=time.time() + 5)
     assert codec.decode(raw.body).code is ErrorCode.UNAUTHORIZED  # type: ignore[attr-defined]
@@ -92,7 +94,7 @@ async def test_bad_input_gets_a_typed_reply_and_a_dead_letter(
 ) -> None:
     content_type = codec.JSON if body.startswith(b"{") else codec.MSGPACK
     reply = await raw_request(
-        client, "tq/0", signed_raw(RUN, body, correlation_id="bad-1", content_type=content_type)
+        client, "tq/0", signed_raw(RUN, body, correlation_id="bad-1", to="tq/0", content_type=content_type)
     )
     assert isinstance(reply, Error) and reply.code is code and not reply.retryable
     [letter] = await broker.read_dead_letters()

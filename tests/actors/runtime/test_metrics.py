@@ -113,7 +113,9 @@ async def test_messages_are_counted_by_type_and_outcome(tq: Actor, client: Clien
 async def test_a_malformed_message_counts_a_refusal_and_its_error_code(
     tq: Actor, client: Client, broker: MemoryBroker
 ) -> None:
-    reply = await raw_request(client, "tq/0", signed_raw(RUN, b"{not json", correlation_id="bad-1"))
+    reply = await raw_request(
+        client, "tq/0", signed_raw(RUN, b"{not json", correlation_id="bad-1", to="tq/0")
+    )
     assert isinstance(reply, Error) and reply.code is ErrorCode.INVALID_MESSAGE
     assert messages(tq, "unknown", "refused") == 1
     assert value(tq, "parkway_errors_total", code="invalid_message") == 1
