@@ -9,14 +9,14 @@ from collections import Counter
 from collections.abc import Callable
 
 import structlog
-from parkway.actors.roles.controller.errors import ClusterUnavailable, SetupError
+from parkway.actors.roles.controller.errors import ClusterUnavailable, SetupError, Unauthorized
 from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.brokers.base import BrokerError
-from parkway.protocol.errors import ProtocolError
+from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import ReplicaRestarted
 from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState
@@ -104,7 +104,14 @@ class AgentLiveness:
                         self._incarnations[address] = (reply.pid, reply.started_at)
                     else:
                         still.append(address)
-                except (BrokerError, ProtocolError):
+                except ProtocolError as err:
+                    if err.code is ErrorCode.UNAUTHORIZED:  # a wrong secret: waiting never fixes it
+                        raise Unauthorized(
+                            f"{address} answered with a reply that does not verify here ({err.detail}): "
+                            "this driver's PARKWAY_SECRET is not the actors'"
+                        ) from None
+                    still.append(address)
+                except BrokerError:
                     still.append(address)
             missing = still
             if missing and time.monotonic() > deadline:
