@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.protocol.anchor import ControllerAnchor
-from parkway.protocol.ids import Role, actor_address, task_group_id
+from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState, Granularity, Ledger
 from parkway.protocol.messages import AttemptRef, EpisodeRef
 
@@ -104,6 +104,6 @@ def adopt_fallback(
     granularity = Granularity(config.recovery.default_granularity)
     trained = set(state.trained_groups)
     for index in range(state.first_in_play, state.next_task):  # the groups in play then; later
-        if task_group_id(index) not in trained:  # ones are admitted from the cursor as usual
-            state.ledger.add_group(task_group_id(index), index, config.rollout.group_size, granularity)
+        if state.group_id(index) not in trained:  # ones are admitted from the cursor as usual
+            state.ledger.add_group(state.group_id(index), index, config.rollout.group_size, granularity)
     counts["fallback_restores"] += 1

@@ -32,7 +32,12 @@ from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.save import Published, Skipped
 from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 from parkway.actors.roles.controller.state import RunState
-from parkway.actors.roles.controller.summary import RunSummary, summarize
+from parkway.actors.roles.controller.summary import (
+    RunSummary,
+    participant_counts,
+    served_before,
+    summarize,
+)
 from parkway.actors.roles.controller.training import TRAINER, TrainingHook, inline_trainer
 from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
@@ -42,7 +47,7 @@ from parkway.actors.sdk.trainer import Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import RunAborted, RunFinished, RunStarted
-from parkway.protocol.ids import Role, rollout_id, task_group_id
+from parkway.protocol.ids import Role, rollout_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import Completed, Failed, Message, Snapshot, SnapshotTaken, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure
@@ -89,6 +94,7 @@ class Controller(Actor):
         self._config: RunConfig | None = None
         self._tasks: list[Task] = []
         self._expected = 0
+        self.session_start = "new"  # new, continued (a snapshot restored) or afresh (new ids)
 
     # -- what the snapshots may do (host.SnapshotHost) ----------------------------------------------
     @property
@@ -273,12 +279,30 @@ class Controller(Actor):
         self.stage = "restoring"
         restored = self.snapshots is not None and await self.snapshots.restore_if_any()
         self.stage = "running"
+        # What every participant has done so far: the summary counts this session's work only.
+        baseline = await participant_counts(self.client, config)
+        session = "continued" if restored else "new"
         if not restored:
             self.state.ledger = Ledger(max_attempts=config.rollout.max_attempts)
             self.state.next_task = 0
+            served = served_before(baseline)
+            if served:
+                # Live actors answered this run before: their cached replies and fences name our ids.
+                # Start afresh under ids none of them has seen, and never take a replay for work.
+                self.state.session = time.time_ns() // 1_000_000
+                session = "afresh"
+                log.warning(
+                    "session_afresh",
+                    session=self.state.session,
+                    served_before=served,
+                    detail="live actors served this run before; its ids are tagged with a new session",
+                )
+        self.session_start = session
         log.info(
             "run_started",
             restored=restored,
+            session=session,
+            session_tag=self.state.session,
             epoch=self.state.epoch,
             rollouts_expected=expected,
             groups_left=len(self.state.ledger.groups) + len(tasks) - self.state.next_task,
@@ -290,7 +314,7 @@ class Controller(Actor):
                 restored=restored,
                 epoch=self.state.epoch,
                 expected=tuple(
-                    rollout_id(task_group_id(i), g)
+                    rollout_id(self.state.group_id(i), g)
                     for i in range(len(tasks))
                     for g in range(config.rollout.group_size)
                 ),
@@ -336,6 +360,8 @@ class Controller(Actor):
             state=self.state,
             counts=self.counts,
             metrics=self.snapshots.metrics if self.snapshots is not None else SnapshotMetrics(),
+            baseline=baseline,
+            session=session,
         )
 
     def progress(self) -> dict[str, Any]:
