@@ -14,10 +14,11 @@ from typing import TextIO
 
 import structlog
 from parkway.protocol.ids import parse_group_session, parse_rollout_id
+from parkway.protocol.layout import POLICY_GENERATIONS_FILE as GENERATIONS_FILE
 
 log = structlog.get_logger("parkway.policy")
 
-GENERATIONS_FILE = "generations.log"
+__all__ = ["GENERATIONS_FILE", "GenerationRecords", "session_of"]
 
 
 def session_of(rollout_id: str) -> int:
