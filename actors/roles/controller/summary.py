@@ -11,6 +11,8 @@ from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
+from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import Role
 from parkway.protocol.messages import Status, StatusReport
 
@@ -89,9 +91,12 @@ async def participant_counts(client: Client, config: RunConfig) -> dict[str, Sta
     """Every participant's report as it stands now (one that does not answer is left out)."""
     reports: dict[str, StatusReport] = {}
     for address in participant_addresses(config):
-        reply = await client.request(
-            address, Status(checkpoint_id=f"sum-{time.monotonic_ns()}", deadline=time.time() + 10)
-        )
+        try:
+            reply = await client.request(
+                address, Status(checkpoint_id=f"sum-{time.monotonic_ns()}", deadline=time.time() + 10)
+            )
+        except (BrokerError, ProtocolError):  # gone, or its reply unreadable: it adds nothing
+            continue
         if isinstance(reply, StatusReport):
             reports[address] = reply
     return reports
