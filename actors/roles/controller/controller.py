@@ -290,6 +290,9 @@ class Controller(Actor):
                 # Live actors answered this run before: their cached replies and fences name our ids.
                 # Start afresh under ids none of them has seen, and never take a replay for work.
                 self.state.session = time.time_ns() // 1_000_000
+                # Past every epoch those agents saw (an earlier session's restores raised theirs):
+                # its Runs are not refused as stale, and Runs still queued from before are.
+                self.state.epoch = self.state.session
                 session = "afresh"
                 log.warning(
                     "session_afresh",
