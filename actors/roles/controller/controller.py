@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import structlog
-from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot
+from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot, begin_session
 from parkway.actors.roles.controller.cluster import AgentLiveness, restart_only_participants
 from parkway.actors.roles.controller.dispatch import Dispatcher
 from parkway.actors.roles.controller.errors import SetupError, SimulatedCrash
@@ -281,25 +281,11 @@ class Controller(Actor):
         self.stage = "running"
         # What every participant has done so far: the summary counts this session's work only.
         baseline = await participant_counts(self.client, config)
-        session = "continued" if restored else "new"
+        session = "continued"
         if not restored:
             self.state.ledger = Ledger(max_attempts=config.rollout.max_attempts)
             self.state.next_task = 0
-            served = served_before(baseline)
-            if served:
-                # Live actors answered this run before: their cached replies and fences name our ids.
-                # Start afresh under ids none of them has seen, and never take a replay for work.
-                self.state.session = time.time_ns() // 1_000_000
-                # Past every epoch those agents saw (an earlier session's restores raised theirs):
-                # its Runs are not refused as stale, and Runs still queued from before are.
-                self.state.epoch = self.state.session
-                session = "afresh"
-                log.warning(
-                    "session_afresh",
-                    session=self.state.session,
-                    served_before=served,
-                    detail="live actors served this run before; its ids are tagged with a new session",
-                )
+            session = begin_session(self.state, served_before(baseline))
         self.session_start = session
         log.info(
             "run_started",
