@@ -35,6 +35,9 @@ class ControllerAnchor(msgspec.Struct, kw_only=True):
     counts: dict[str, int] = {}
     # The batch handed to the trainer and not answered at the cut: a restore sends it again.
     training: InTraining | None = None
+    # The run's session tag (``ids.task_group_id``): 0, or the tag of a session started afresh on
+    # actors that served the run before; a restore continues it under the same ids.
+    session: int = 0
 
     @property
     def transcripts_sum(self) -> int:

@@ -2,7 +2,8 @@
 
 Each key has one builder and one parser here; nothing else spells or splits them:
 
-- group id ``t<task index>`` (``t0003``): the rollouts of one task;
+- group id ``t<task index>`` (``t0003``): the rollouts of one task; ``t<task index>s<session>`` in a
+  session started afresh on actors that served the run before (``t0003s1796187620``);
 - rollout id ``<group id>_g<i>``: one rollout of a group, stable across its attempts;
 - capture key ``<rollout id>`` for attempt 0, ``<rollout id>-a<N>`` for attempt N: one attempt's rows;
 - staging key ``<capture key>:<turn>``: one model call's staging row.
@@ -89,22 +90,40 @@ def _count(text: str) -> int | None:
     return int(text)
 
 
-def task_group_id(task_index: int) -> str:
-    """The group id of the ``task_index``-th task of a run: ``t0003``; sortable up to 10,000 tasks."""
+_SESSION_SEPARATOR = "s"
+
+
+def task_group_id(task_index: int, session: int = 0) -> str:
+    """The group id of the ``task_index``-th task of a run: ``t0003``; sortable up to 10,000 tasks.
+
+    ``session`` > 0: a session of the run started afresh on actors that served an earlier one
+    (``t0003s1796187620``), so none of its ids is one those actors already answered."""
     if task_index < 0:
         raise ValueError(f"task index {task_index} is negative")
-    return f"t{task_index:04d}"
+    if session < 0:
+        raise ValueError(f"session {session} is negative")
+    tag = f"{_SESSION_SEPARATOR}{session}" if session else ""
+    return f"t{task_index:04d}{tag}"
+
+
+def parse_group_session(group_id: str) -> tuple[int, int]:
+    """(task index, session) of a group id: ``t0003`` -> (3, 0), ``t0003s17`` -> (3, 17)."""
+    body, sep, tag = group_id.partition(_SESSION_SEPARATOR)
+    digits = body[1:]
+    if body[:1] != "t" or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"group id {group_id!r} is not t<task index>[s<session>]")
+    session = _count(tag) if sep else 0
+    if session is None or (sep and session == 0):
+        raise ValueError(f"group id {group_id!r}: session {tag!r} is not a positive count")
+    index = int(digits)
+    if task_group_id(index, session) != group_id:  # t003, t00012: not what the builder writes
+        raise ValueError(f"group id {group_id!r} is not t<task index in four digits or more>")
+    return index, session
 
 
 def parse_task_group_id(group_id: str) -> int:
-    """The task index of a group id: ``t0003`` -> 3 (``t12345`` past 10,000 tasks)."""
-    digits = group_id[1:]
-    if group_id[:1] != "t" or not digits.isascii() or not digits.isdigit():
-        raise ValueError(f"group id {group_id!r} is not t<task index>")
-    index = int(digits)
-    if task_group_id(index) != group_id:  # t003, t00012: not what the builder writes
-        raise ValueError(f"group id {group_id!r} is not t<task index in four digits or more>")
-    return index
+    """The task index of a group id: ``t0003`` -> 3 (``t12345`` past 10,000 tasks; ``t0003s2`` -> 3)."""
+    return parse_group_session(group_id)[0]
 
 
 def rollout_id(group_id: str, generation_index: int) -> str:

@@ -28,6 +28,9 @@ ACTOR_STATE_DIR = "state"
 # (``trainer_state_file_name``) and the controller session it is synced with.
 TRAINER_STEPS_DIR = "steps"
 TRAINER_FENCE_FILE = "fence.msgpack"
+# Under the policy's state directory (``state/<run>/policy/<replica>/``): one line per generation the
+# engine finished, ``<rollout id> <call index>``, in every process of it (``actors/roles/generations.py``).
+POLICY_GENERATIONS_FILE = "generations.log"
 
 MANIFEST = "manifest.json"
 LEDGER = "ledger.msgpack"

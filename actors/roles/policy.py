@@ -29,6 +29,7 @@ import msgspec
 import structlog
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
+from parkway.actors.roles.generations import GENERATIONS_FILE, GenerationRecords
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -83,6 +84,9 @@ class Policy(Participant):
         self._weights_lock = asyncio.Lock()
         self._idle = asyncio.Event()
         self._idle.set()
+        # The run's generations in every process of this policy (its state directory's records).
+        self.generations = GenerationRecords(self.state_dir / GENERATIONS_FILE if self.state_dir else None)
+        self._count_generations()
         self.handlers[Generate] = self.on_generate
         self.handlers[LoadWeights] = self.on_load_weights
         self.metrics.gauge(
@@ -101,6 +105,7 @@ class Policy(Participant):
         try:
             await super().stop()
         finally:
+            self.generations.close()
             await self.pool.stop()
 
     # -- model calls ---------------------------------------------------------------------------
@@ -136,8 +141,10 @@ class Policy(Participant):
             self._generating.pop(request_id, None)
             if not self._generating:
                 self._idle.set()
-        self.counts["model_calls"] += 1
+        self.counts["model_calls"] += 1  # this process's
         self.counts["tokens_generated"] += len(result.token_ids)
+        self.generations.generated(call.rollout_id, call.call_index)  # the run's, in every process
+        self._count_generations()
         self._refuse_retired(
             attempt, restores
         )  # retired while generating: nothing to capture, nobody to answer
@@ -241,6 +248,10 @@ class Policy(Participant):
         finally:
             self._weights_open.set()
 
+    def _count_generations(self) -> None:
+        self.counts["generations"] = self.generations.total
+        self.counts["generations_repeated"] = self.generations.repeated
+
     def _refuse_retired(self, attempt: tuple[str, int], restores: int | None = None) -> None:
         if attempt in self.retired:
             self.history.record(Refused(rollout_id=attempt[0], attempt=attempt[1], code="stale_attempt"))
@@ -291,6 +302,7 @@ class Policy(Participant):
             "weights_dir": self.weights_dir,
             "generating": sorted(self._generating),
             "held": sorted(self._held),
+            "generations": [self.generations.session, self.generations.total, self.generations.repeated],
         }
         return (self.write_records(directory / "participant.msgpack", [record]),)
 
@@ -315,6 +327,10 @@ class Policy(Participant):
             # The rollouts resume on the weights they were generating with, not on the start-up ones.
             await self._load(weights_dir)
         self.policy_version = policy_version
+        saved = record.get("generations")  # absent in snapshots from before the records
+        if isinstance(saved, list) and len(saved) == 3 and all(isinstance(n, int) for n in saved):
+            self.generations.adopt(*saved)
+            self._count_generations()
         return ()
 
     async def release(self) -> None:

@@ -21,6 +21,7 @@ Each command lives with its job under ``parkway.actors.tools.commands`` (or in i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -40,7 +41,7 @@ from parkway.actors.tools.commands import (
     status,
     workload,
 )
-from parkway.actors.tools.commands.options import Subcommands
+from parkway.actors.tools.commands.options import Subcommands, broker_url_problem
 from parkway.actors.tools.snapshots import register as add_snapshots
 from parkway.brokers import BrokerError
 from parkway.protocol.errors import ProtocolError
@@ -49,6 +50,11 @@ from parkway.protocol.errors import ProtocolError
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "broker"):  # the commands that talk to a broker: its URL must be one we speak
+        problem = broker_url_problem(args.broker or os.environ.get("PARKWAY_BROKER_URL"))
+        if problem is not None:
+            print(f"parkway: broker: {problem}", file=sys.stderr)
+            return 2
     try:
         return int(args.func(args) or 0)
     except SettingsError as exc:

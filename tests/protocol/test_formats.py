@@ -45,9 +45,9 @@ ANCHOR = {
 def test_a_ledger_file_is_written_byte_for_byte_as_the_dict_was() -> None:
     typed = LedgerFile(ledger=b"\x81\xa1x\x01", controller=ControllerAnchor(**ANCHOR))  # type: ignore[arg-type]
     old = msgspec.msgpack.encode({"ledger": b"\x81\xa1x\x01", "controller": ANCHOR})
-    # The anchor now also says which batch was in training at the cut (none here); an anchor written
-    # before that field decodes to the same value.
-    now = {**ANCHOR, "training": None}
+    # The anchor now also says which batch was in training at the cut (none here) and the session tag
+    # of the run's ids (0: none); an anchor written before those fields decodes to the same value.
+    now = {**ANCHOR, "training": None, "session": 0}
     assert encode_ledger_file(typed) == msgspec.msgpack.encode(
         {"ledger": b"\x81\xa1x\x01", "controller": now}
     )

@@ -6,6 +6,7 @@ import pytest
 from parkway.protocol.ids import (
     capture_key,
     parse_capture_key,
+    parse_group_session,
     parse_rollout_id,
     parse_staging_key,
     parse_task_group_id,
@@ -94,3 +95,12 @@ def test_a_staging_key_needs_a_capture_key_and_a_turn() -> None:
         staging_key("", 0)
     with pytest.raises(ValueError, match="negative"):
         staging_key("g_g0", -1)
+
+
+def test_a_session_tag_in_a_group_id_parses_back_and_nothing_else_does() -> None:
+    assert task_group_id(3, 17) == "t0003s17" and parse_group_session("t0003s17") == (3, 17)
+    assert parse_group_session("t0003") == (3, 0) and parse_task_group_id("t0003s17") == 3
+    assert parse_rollout_id(rollout_id(task_group_id(3, 17), 1)) == ("t0003s17", 1)
+    for bad in ("t0003s0", "t0003s", "t0003s01", "t003s1", "s1", "t0003s1s2"):
+        with pytest.raises(ValueError):
+            parse_group_session(bad)

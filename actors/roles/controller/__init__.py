@@ -19,7 +19,16 @@ from parkway.actors.roles.controller.errors import (
     SetupError,
     SimulatedCrash,
     SnapshotsEnded,
+    Unauthorized,
 )
 from parkway.actors.roles.controller.summary import RunSummary
 
-__all__ = ["ClusterUnavailable", "Controller", "RunSummary", "SetupError", "SimulatedCrash", "SnapshotsEnded"]
+__all__ = [
+    "ClusterUnavailable",
+    "Controller",
+    "RunSummary",
+    "SetupError",
+    "SimulatedCrash",
+    "SnapshotsEnded",
+    "Unauthorized",
+]

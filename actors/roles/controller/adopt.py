@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 
+import structlog
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.protocol.anchor import ControllerAnchor
-from parkway.protocol.ids import Role, actor_address, task_group_id
+from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState, Granularity, Ledger
 from parkway.protocol.messages import AttemptRef, EpisodeRef
+
+log = structlog.get_logger("parkway.controller")
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,25 @@ def adopt_fallback(
     granularity = Granularity(config.recovery.default_granularity)
     trained = set(state.trained_groups)
     for index in range(state.first_in_play, state.next_task):  # the groups in play then; later
-        if task_group_id(index) not in trained:  # ones are admitted from the cursor as usual
-            state.ledger.add_group(task_group_id(index), index, config.rollout.group_size, granularity)
+        if state.group_id(index) not in trained:  # ones are admitted from the cursor as usual
+            state.ledger.add_group(state.group_id(index), index, config.rollout.group_size, granularity)
     counts["fallback_restores"] += 1
+
+
+def begin_session(state: RunState, served: list[str]) -> str:
+    """A session that restored nothing: ``new``, or ``afresh`` when live participants (``served``)
+    did work of this run before: their cached replies and fences name its ids, so it runs under ids
+    none of them has seen (a session tag) and never takes a replay for work."""
+    if not served:
+        return "new"
+    state.session = time.time_ns() // 1_000_000
+    # Past every epoch those agents saw (an earlier session's restores raised theirs): its Runs are
+    # not refused as stale, and Runs still queued from before are.
+    state.epoch = state.session
+    log.warning(
+        "session_afresh",
+        session=state.session,
+        served_before=served,
+        detail="live actors served this run before; its ids are tagged with a new session",
+    )
+    return "afresh"

@@ -9,18 +9,18 @@ from collections import Counter
 from collections.abc import Callable
 
 import structlog
-from parkway.actors.roles.controller.errors import ClusterUnavailable, SetupError
+from parkway.actors.roles.controller.errors import ClusterUnavailable, SetupError, Unauthorized
 from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.brokers.base import BrokerError
-from parkway.protocol.errors import ProtocolError
+from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import ReplicaRestarted
 from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState
-from parkway.protocol.messages import AttemptRef, Capabilities, Discover, Status, StatusReport
+from parkway.protocol.messages import AttemptRef, Capabilities, Discover, Error, Status, StatusReport
 
 log = structlog.get_logger("parkway.controller")
 
@@ -68,6 +68,12 @@ async def restart_only_participants(client: Client, config: RunConfig) -> set[st
     return set(restart_only)
 
 
+# What an unauthorized answer at the cluster wait means: waiting never fixes it.
+WRONG_KEYS = (
+    "this driver's keys are not the actors' (PARKWAY_SECRET, or PARKWAY_SIGNING_KEY and PARKWAY_PUBLIC_KEYS)"
+)
+
+
 class AgentLiveness:
     """An agent replica that comes back as a new process lost the rollouts it was running: they get a
     new attempt from their prompt on that replica (its tool sessions move to the new attempt)."""
@@ -103,9 +109,19 @@ class AgentLiveness:
                     if isinstance(reply, StatusReport):
                         self._incarnations[address] = (reply.pid, reply.started_at)
                         self._state.epochs_seen = max(self._state.epochs_seen, reply.epoch)
+                    elif isinstance(reply, Error) and reply.code is ErrorCode.UNAUTHORIZED:
+                        raise Unauthorized(
+                            f"{address} refused this driver's signature ({reply.detail}): {WRONG_KEYS}"
+                        )
                     else:
                         still.append(address)
-                except (BrokerError, ProtocolError):
+                except ProtocolError as err:
+                    if err.code is ErrorCode.UNAUTHORIZED:  # a wrong secret: waiting never fixes it
+                        raise Unauthorized(
+                            f"{address} answered with a reply that does not verify here ({err.detail}): {WRONG_KEYS}"
+                        ) from None
+                    still.append(address)
+                except BrokerError:
                     still.append(address)
             missing = still
             if missing and time.monotonic() > deadline:

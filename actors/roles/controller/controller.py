@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import structlog
-from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot
+from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot, begin_session
 from parkway.actors.roles.controller.cluster import AgentLiveness, restart_only_participants
 from parkway.actors.roles.controller.dispatch import Dispatcher
 from parkway.actors.roles.controller.errors import SetupError, SimulatedCrash
@@ -32,7 +32,12 @@ from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.save import Published, Skipped
 from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 from parkway.actors.roles.controller.state import RunState
-from parkway.actors.roles.controller.summary import RunSummary, summarize
+from parkway.actors.roles.controller.summary import (
+    RunSummary,
+    participant_counts,
+    served_before,
+    summarize,
+)
 from parkway.actors.roles.controller.training import TRAINER, TrainingHook, inline_trainer
 from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
@@ -42,7 +47,7 @@ from parkway.actors.sdk.trainer import Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import RunAborted, RunFinished, RunStarted
-from parkway.protocol.ids import Role, rollout_id, task_group_id
+from parkway.protocol.ids import Role, rollout_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import Completed, Failed, Message, Snapshot, SnapshotTaken, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure
@@ -90,6 +95,7 @@ class Controller(Actor):
         self._config: RunConfig | None = None
         self._tasks: list[Task] = []
         self._expected = 0
+        self.session_start = "new"  # new, continued (a snapshot restored) or afresh (new ids)
 
     def timeline(self) -> int:
         # Receipts of an older epoch are the dead timeline's; a fresh run (epoch 1) knows no older one.
@@ -289,29 +295,26 @@ class Controller(Actor):
         self.stage = "restoring"
         restored = self.snapshots is not None and await self.snapshots.restore_if_any()
         self.stage = "running"
+        # What every participant has done so far: the summary counts this session's work only.
+        baseline = await participant_counts(self.client, config)
+        session = "continued"
         if not restored:
             self.state.ledger = Ledger(max_attempts=config.rollout.max_attempts)
             self.state.next_task = 0
+            session = begin_session(self.state, served_before(baseline))
+        self.session_start = session
         log.info(
             "run_started",
             restored=restored,
+            session=session,
+            session_tag=self.state.session,
             epoch=self.state.epoch,
             rollouts_expected=expected,
             groups_left=len(self.state.ledger.groups) + len(tasks) - self.state.next_task,
             snapshots=self.snapshots is not None,
         )
         await training.sync()  # the trainer goes to the restored step (0 on a fresh start)
-        self.history.record(
-            RunStarted(
-                restored=restored,
-                epoch=self.state.epoch,
-                expected=tuple(
-                    rollout_id(task_group_id(i), g)
-                    for i in range(len(tasks))
-                    for g in range(config.rollout.group_size)
-                ),
-            )
-        )
+        self.history.record(run_started(self.state, len(tasks), config.rollout.group_size, restored))
         started = time.monotonic()  # the clock runs from the first dispatch, not from cluster start-up
         self.run_started_at = started
         loop = asyncio.get_running_loop()
@@ -353,6 +356,8 @@ class Controller(Actor):
             state=self.state,
             counts=self.counts,
             metrics=self.snapshots.metrics if self.snapshots is not None else SnapshotMetrics(),
+            baseline=baseline,
+            session=session,
         )
 
     def status_extras(self) -> dict[str, Any]:
@@ -452,3 +457,9 @@ class Controller(Actor):
     @staticmethod
     def _crash_now(published: Published) -> None:
         raise SimulatedCrash(f"stopped right after publishing {published.name}")
+
+
+def run_started(state: RunState, groups: int, group_size: int, restored: bool) -> RunStarted:
+    """The history record of a session's start: every rollout it is to seal."""
+    expected = tuple(rollout_id(state.group_id(i), g) for i in range(groups) for g in range(group_size))
+    return RunStarted(restored=restored, epoch=state.epoch, expected=expected)

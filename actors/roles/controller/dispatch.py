@@ -19,7 +19,7 @@ from parkway.actors.run.tasks import Task
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.protocol.history import Dispatched, RolloutStalled
-from parkway.protocol.ids import Role, actor_address, capture_key, task_group_id
+from parkway.protocol.ids import Role, actor_address, capture_key, rollout_id, task_group_id
 from parkway.protocol.ledger import Granularity
 from parkway.protocol.messages import Failed, Run, TaskOptions
 
@@ -72,7 +72,7 @@ class Dispatcher:
         granularity = Granularity(config.recovery.default_granularity)
         while state.next_task < len(self._tasks) and waiting < want:
             index = state.next_task
-            state.ledger.add_group(task_group_id(index), index, size, granularity)
+            state.ledger.add_group(state.group_id(index), index, size, granularity)
             state.next_task += 1
             waiting += size
 
@@ -88,7 +88,7 @@ class Dispatcher:
         granularity = Granularity(config.recovery.default_granularity)
         end = min(state.next_task + config.trainer.batch_groups, len(self._tasks))
         for index in range(state.next_task, end):
-            state.ledger.add_group(task_group_id(index), index, config.rollout.group_size, granularity)
+            state.ledger.add_group(state.group_id(index), index, config.rollout.group_size, granularity)
         if end > state.next_task:
             log.info("batch_admitted", first_task=state.next_task, groups=end - state.next_task)
         state.next_task = end
@@ -120,7 +120,11 @@ class Dispatcher:
                 env=task.env,
                 prompt=task.prompt,
                 max_turns=task.max_turns or config.rollout.max_turns,
-                seed=stable_int(config.seed, sibling.rollout_id),
+                # Seeded by the task and sibling, not the session's ids: a session started afresh
+                # generates what the first one did.
+                seed=stable_int(
+                    config.seed, rollout_id(task_group_id(group.task_index), sibling.generation_index)
+                ),
                 policy_version=self._state.policy_version,
                 epoch=self._state.epoch,
                 task=self.task_options(config, sibling.rollout_id, attempt, replica, current.continue_from),

@@ -7,6 +7,11 @@ class SetupError(Exception):
     """The cluster does not fit the configuration; the message names what does not."""
 
 
+class Unauthorized(SetupError):
+    """A participant answered with a reply that does not verify here: the driver's secret is not the
+    actors' (they refuse every message of ours). No wait fixes that, so the run stops at once."""
+
+
 class SimulatedCrash(Exception):
     """A test's stand-in for a cluster dying at an exact moment (real crash tests use SIGKILL)."""
 

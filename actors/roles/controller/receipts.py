@@ -82,6 +82,7 @@ class Receipts:
             )
             if outcome is SealOutcome.SEALED:
                 self._counts["rollouts_sealed"] += 1
+                self._counts["turns_kept"] += receipt.turns
                 self.seals += 1
                 self._history.record(
                     RolloutSealed(

@@ -7,7 +7,7 @@ import hashlib
 from collections import Counter
 
 from parkway.protocol.anchor import ControllerAnchor, transcripts_hex
-from parkway.protocol.ids import parse_task_group_id
+from parkway.protocol.ids import parse_task_group_id, task_group_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import TrainedRollout
 from parkway.protocol.training import InTraining
@@ -29,6 +29,11 @@ class RunState:
         self.transcripts = 0  # sum of each trained rollout's token digest, mod 2**256
         self.trained_groups: list[str] = []  # group ids the trainer consumed, those still in play
         self.training: InTraining | None = None  # handed to the trainer, not answered yet
+        self.session = 0  # the tag in this run's group ids (``ids.task_group_id``); 0: none
+
+    def group_id(self, task_index: int) -> str:
+        """The group id of a task in this session of the run."""
+        return task_group_id(task_index, self.session)
 
     def trained(self, rollout: TrainedRollout) -> None:
         """The trainer received this rollout."""
@@ -61,6 +66,7 @@ class RunState:
             trained_groups=list(self.trained_groups),
             counts={k: v for k, v in counts.items() if not k.startswith(("error:", "refused:"))},
             training=self.training,
+            session=self.session,
         )
 
     def take_anchor(self, anchor: ControllerAnchor, *, task_count: int) -> None:
@@ -76,3 +82,4 @@ class RunState:
         self.first_in_play = anchor.first_in_play
         self.trained_groups = list(anchor.trained_groups)
         self.training = anchor.training
+        self.session = anchor.session

@@ -11,11 +11,22 @@ from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
+from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import Role
 from parkway.protocol.messages import Status, StatusReport
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
+    session: str  # new, continued (a snapshot restored) or afresh (live actors served the run: new ids)
+    # The run's generations from the policy's own records (every timeline, dead ones too), split into
+    # the turns the sealed rollouts kept, generations of a turn already generated (work a recovery
+    # or a retry redid) and the rest thrown away (failed or replaced attempts): docs/operations.md.
+    generations_total: int
+    turns_kept: int
+    generations_regenerated: int
+    generations_discarded: int
+    replayed_from_cache: int  # replies participants sent again from their cache: never counted as work
     rollouts_expected: int
     rollouts_sealed: int
     rollouts_failed: int
@@ -56,6 +67,58 @@ class RunSummary(msgspec.Struct, kw_only=True):
     tool_calls_by_resources: dict[str, int]
 
 
+# Data messages a participant handles only for a run's work: a count of one at a session's start
+# means live actors served this run before (``served_before``). ``generations``: the policy's own
+# records of the run, kept across its processes.
+_WORK_COUNTS = ("Run", "Generate", "ToolCall", "Rows", "SealRows", "generations")
+# Counts that are not sums of this process's events: the run's lineage (the policy's records, TQ's
+# rows), taken as they are at the end rather than as a difference from the start.
+# Sessions opened less retired, and mutations applied twice, are states of the tool servers: a leak
+# or a duplicate from an earlier session is still one.
+_RUN_WIDE = frozenset(
+    {
+        "tq.turns_regenerated",
+        "policy.generations",
+        "policy.generations_repeated",
+        "resources.sessions_opened",
+        "resources.sessions_retired",
+        "resources.tool_mutations_duplicated",
+    }
+)
+
+
+async def participant_counts(client: Client, config: RunConfig) -> dict[str, StatusReport]:
+    """Every participant's report as it stands now (one that does not answer is left out)."""
+    reports: dict[str, StatusReport] = {}
+    for address in participant_addresses(config):
+        try:
+            reply = await client.request(
+                address, Status(checkpoint_id=f"sum-{time.monotonic_ns()}", deadline=time.time() + 10)
+            )
+        except (BrokerError, ProtocolError):  # gone, or its reply unreadable: it adds nothing
+            continue
+        if isinstance(reply, StatusReport):
+            reports[address] = reply
+    return reports
+
+
+def served_before(baseline: dict[str, StatusReport]) -> list[str]:
+    """The participants that already did work of this run (before this session started)."""
+    return sorted(a for a, r in baseline.items() if any(r.counts.get(k, 0) > 0 for k in _WORK_COUNTS))
+
+
+def _session_counts(report: StatusReport, before: StatusReport | None) -> dict[str, int]:
+    """What this participant counted during this session: its counts less those at the session's
+    start, when it is the same process (a replica that came back as a new one counts from zero)."""
+    same = before is not None and (before.pid, before.started_at) == (report.pid, report.started_at)
+    if not same or before is None:
+        return dict(report.counts)
+    return {
+        key: value if f"{report.role}.{key}" in _RUN_WIDE else value - before.counts.get(key, 0)
+        for key, value in report.counts.items()
+    }
+
+
 async def summarize(
     client: Client,
     config: RunConfig,
@@ -65,28 +128,33 @@ async def summarize(
     state: RunState,
     counts: Counter[str],
     metrics: SnapshotMetrics,
+    baseline: dict[str, StatusReport] | None = None,
+    session: str = "new",
 ) -> RunSummary:
-    """The summary of a finished run: ``counts`` are the controller's, the participants are asked
-    for theirs (one that does not answer adds nothing)."""
+    """The summary of a finished session of a run: ``counts`` are the controller's (the run's, kept
+    across restores in the anchor), the participants are asked for what they did since ``baseline``
+    (one that does not answer adds nothing)."""
     theirs: dict[str, int] = defaultdict(int)
     by_agent: dict[str, int] = {}
     by_resources: dict[str, int] = {}
-    for address in participant_addresses(config):
-        reply = await client.request(
-            address, Status(checkpoint_id=f"sum-{time.monotonic_ns()}", deadline=time.time() + 10)
-        )
-        if not isinstance(reply, StatusReport):
-            continue
-        for key, value in reply.counts.items():
-            theirs[f"{reply.role}.{key}"] += value
-        if reply.role == Role.AGENT:
-            by_agent[address] = reply.counts.get("rollouts_completed", 0) + reply.counts.get(
-                "rollouts_failed", 0
-            )
-        elif reply.role == Role.RESOURCES:
-            by_resources[address] = reply.counts.get("tool_calls", 0)
+    for address, report in (await participant_counts(client, config)).items():
+        mine = _session_counts(report, (baseline or {}).get(address))
+        for key, value in mine.items():
+            theirs[f"{report.role}.{key}"] += value
+        if report.role == Role.AGENT:
+            by_agent[address] = mine.get("rollouts_completed", 0) + mine.get("rollouts_failed", 0)
+        elif report.role == Role.RESOURCES:
+            by_resources[address] = mine.get("tool_calls", 0)
     sealed = state.sealed
+    generations = theirs["policy.generations"]
+    repeated = theirs["policy.generations_repeated"]
     return RunSummary(
+        session=session,
+        generations_total=generations,
+        turns_kept=counts["turns_kept"],
+        generations_regenerated=repeated,
+        generations_discarded=generations - repeated - counts["turns_kept"],
+        replayed_from_cache=sum(v for k, v in theirs.items() if k.endswith(".replayed")),
         rollouts_expected=expected,
         rollouts_sealed=sealed,
         rollouts_failed=counts["rollouts_failed"],

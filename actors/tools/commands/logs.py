@@ -108,6 +108,13 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         return 0 if shown else 1
 
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run, allow_ephemeral_secret=True)
+    if settings.broker_url.startswith("memory://"):  # this process's own in-memory broker: always empty
+        print(
+            "parkway: logs: no broker configured: give --broker or PARKWAY_BROKER_URL (the run's log "
+            "stream is on its broker), or saved log FILEs",
+            file=sys.stderr,
+        )
+        return 2
 
     async def go() -> None:
         async with connect(settings.broker_url, settings.run) as broker:

@@ -21,6 +21,17 @@ def common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", help="run name: the namespace on the broker (default: $PARKWAY_RUN or 'default')")
 
 
+BROKER_SCHEMES = ("memory://", "amqp://", "amqps://")
+
+
+def broker_url_problem(url: str | None) -> str | None:
+    """Why a broker URL (``--broker`` or ``$PARKWAY_BROKER_URL``) cannot be used, or None: caught before
+    a command connects, so a typo is one line, not a traceback from the transport factory."""
+    if not url or url.startswith(BROKER_SCHEMES):
+        return None
+    return f"unsupported broker URL {url!r}: use memory:// or amqp://user:pass@host:port/"
+
+
 def metrics(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-port",

@@ -20,6 +20,7 @@ from parkway.actors.roles.controller import (
     RunSummary,
     SetupError,
     SnapshotsEnded,
+    Unauthorized,
 )
 from parkway.actors.run.config import ConfigError
 from parkway.actors.run.config import load as load_config
@@ -95,6 +96,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     try:
         summary = asyncio.run(go())
+    except Unauthorized as exc:  # the actors refuse everything this driver signs: exit 2 at once
+        print(f"parkway: unauthorized: {exc}", file=sys.stderr)
+        return 2
     except SetupError as exc:
         print(f"parkway: setup: {exc}", file=sys.stderr)
         return 2

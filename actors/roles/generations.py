@@ -1,0 +1,89 @@
+"""The policy's own records of a run's generations: one line per generation the engine finished, kept
+in the policy's state directory across its processes, so the work of a timeline that died (a crash
+after the last snapshot) is still counted when the run is restored and redoes it.
+
+A line is ``<rollout id> <call index>``. Counts are of the newest session of the run (the session tag
+of its group ids, ``ids.task_group_id``): a session started afresh starts counting from zero.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import TextIO
+
+import structlog
+from parkway.protocol.ids import parse_group_session, parse_rollout_id
+from parkway.protocol.layout import POLICY_GENERATIONS_FILE as GENERATIONS_FILE
+
+log = structlog.get_logger("parkway.policy")
+
+__all__ = ["GENERATIONS_FILE", "GenerationRecords", "session_of"]
+
+
+def session_of(rollout_id: str) -> int:
+    """The session tag of a rollout id; 0 for one no builder makes (a foreign client's)."""
+    try:
+        return parse_group_session(parse_rollout_id(rollout_id)[0])[1]
+    except ValueError:
+        return 0
+
+
+class GenerationRecords:
+    """How often each (rollout, turn) of the run's current session was generated, in any process."""
+
+    def __init__(self, journal: Path | None = None) -> None:
+        self.session = 0
+        self.turns: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.total = 0
+        self.repeated = 0  # generations of a (rollout, turn) generated before
+        self._file: TextIO | None = None
+        if journal is not None:
+            self._load(journal)
+            journal.parent.mkdir(parents=True, exist_ok=True)
+            self._file = journal.open("a", encoding="ascii")
+
+    def _load(self, journal: Path) -> None:
+        if not journal.exists():
+            return
+        for number, line in enumerate(journal.read_text(encoding="ascii", errors="replace").splitlines()):
+            rollout, _, turn = line.partition(" ")
+            if not turn.isdigit():  # a line cut short by a crash while it was written
+                log.warning("generation_record_skipped", line=number + 1, text=line[:80])
+                continue
+            self._count(rollout, int(turn))
+
+    def _count(self, rollout_id: str, turn: int) -> None:
+        session = session_of(rollout_id)
+        if session < self.session:  # an earlier session's call, still queued: not this session's work
+            return
+        if session > self.session:  # a new session of the run: its ids are new, so are its counts
+            self.session = session
+            self.turns.clear()
+            self.total = self.repeated = 0
+        self.turns[(rollout_id, turn)] += 1
+        self.total += 1
+        if self.turns[(rollout_id, turn)] > 1:
+            self.repeated += 1
+
+    def adopt(self, session: int, total: int, repeated: int) -> None:
+        """A snapshot's totals, when these records know less (a policy without a state directory,
+        restored in a new process): the generations up to the cut are counted, those of the timeline
+        that died after it cannot be."""
+        if session > self.session or (session == self.session and total > self.total):
+            self.session, self.total, self.repeated = session, total, repeated
+            self.turns.clear()
+
+    def generated(self, rollout_id: str, turn: int) -> None:
+        """The engine finished a generation of this rollout's turn: recorded before anything else."""
+        self._count(rollout_id, turn)
+        if self._file is not None:
+            # Flushed, not fsynced: a killed process loses nothing the kernel has; a lost machine
+            # loses the newest lines of a count that is a report, not state.
+            self._file.write(f"{rollout_id} {turn}\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

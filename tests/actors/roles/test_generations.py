@@ -1,0 +1,42 @@
+"""The policy's generation records: counted per (rollout, turn), kept across processes in one file,
+scoped to the run's newest session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parkway.actors.roles.generations import GenerationRecords, session_of
+
+
+def test_records_survive_the_process_and_count_repeats(tmp_path: Path) -> None:
+    journal = tmp_path / "policy" / "generations.log"
+    first = GenerationRecords(journal)
+    for rollout, turn in [("t0000_g0", 0), ("t0000_g0", 1), ("t0000_g1", 0)]:
+        first.generated(rollout, turn)
+    # Killed here; the next process reads what the dead one generated and counts the redone turn.
+    with journal.open("a") as f:
+        f.write("t0000_g1 ")  # a line cut short by the kill
+    second = GenerationRecords(journal)
+    assert (second.total, second.repeated) == (3, 0)
+    second.generated("t0000_g0", 1)
+    assert (second.total, second.repeated) == (4, 1)
+    first.close()
+    second.close()
+
+
+def test_a_new_session_counts_from_zero_and_an_older_one_is_not_counted() -> None:
+    records = GenerationRecords()
+    records.generated("t0000_g0", 0)
+    records.generated("t0000s17_g0", 0)  # the session started afresh: its ids, its counts
+    assert (records.session, records.total, records.repeated) == (17, 1, 0)
+    records.generated("t0000_g0", 1)  # a call of the earlier session, still queued
+    assert (records.total, records.repeated) == (1, 0)
+    assert session_of("not a rollout id") == 0
+
+
+def test_a_snapshots_totals_are_adopted_only_when_they_know_more() -> None:
+    records = GenerationRecords()
+    records.adopt(0, 12, 2)  # a policy without a file, restored in a new process
+    assert (records.total, records.repeated) == (12, 2)
+    records.adopt(0, 5, 0)  # a journal that knows more keeps its own
+    assert (records.total, records.repeated) == (12, 2)
