@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import structlog
 from parkway.actors.roles.controller.errors import SnapshotsEnded
 from parkway.actors.roles.controller.fingerprints import config_fingerprint
@@ -21,6 +22,7 @@ from parkway.actors.roles.controller.participants import Participants
 from parkway.actors.roles.controller.restore import RestoreSequence
 from parkway.actors.roles.controller.save import Published, SaveOutcome, SaveSequence
 from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.actors.storage.runs import RunDirectory
 from parkway.actors.storage.trainer import write_trainer_checkpoint
 from parkway.protocol.anchor import ControllerAnchor
@@ -28,6 +30,8 @@ from parkway.protocol.snapshot import SnapshotFailure
 from parkway.protocol.snapshot_failures import FailurePolicy, SnapshotHealth
 
 log = structlog.get_logger("parkway.snapshots")
+
+RESTORE_RETRY_FIRST_S, RESTORE_RETRY_MAX_S = 0.5, 8.0  # the pause before retrying a failed restore
 
 
 class SnapshotCoordinator:
@@ -70,8 +74,23 @@ class SnapshotCoordinator:
         await self.saver.settle_abort()
 
     async def restore_if_any(self) -> bool:
-        """Restore the newest valid snapshot of this run, if there is one. True when restored."""
-        return await self.restorer.restore_if_any()
+        """Restore the newest valid snapshot of this run, if there is one. True when restored.
+
+        A transient failure (a broker outage, a participant restarting) is retried from the first step
+        under a new restore id, backing off, for as long as the cluster wait allows: what a controller
+        restarted after the failure would do, without the restart. Each failed try was aborted
+        everywhere it could be (``RestoreSequence``); a restore is a sequence of idempotent commands."""
+        give_up_at = time.monotonic() + cluster_wait_s()
+        pause = RESTORE_RETRY_FIRST_S
+        while True:
+            try:
+                return await self.restorer.restore_if_any()
+            except SnapshotFailure as failure:
+                if not failure.transient or time.monotonic() + pause > give_up_at:
+                    raise
+                log.warning("restore_retried", step=failure.step, detail=failure.detail, retry_in_s=pause)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, RESTORE_RETRY_MAX_S)
 
     def check_failure(self, failure: SnapshotFailure) -> None:
         """After a failed (and aborted) attempt: a transient failure is retried after a back-off while
