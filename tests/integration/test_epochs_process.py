@@ -32,7 +32,7 @@ from parkway.protocol.messages import (
     SealRows,
 )
 
-from tests.support.processes import Process, status_of, wait_ready
+from tests.support.processes import SECRET, Process, status_of, wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -78,9 +78,10 @@ async def test_a_dead_timelines_row_staged_after_the_restore_is_refused_and_the_
         await wait_ready(client, actor, timeout=60)
     empty_tq_snapshot(tmp_path / "state", run_name)
 
+    agent = Client(client.broker, secret=SECRET.encode(), sender="agent/0")  # model calls are an agent's
     policy.signal(signal.SIGSTOP)  # the dead timeline's call waits in the policy's queue
     dead_call = asyncio.ensure_future(
-        client.request("policy/0", model_call(1, (7, 7, 7)), correlation_id=STAGING_KEY, timeout=60)
+        agent.request("policy/0", model_call(1, (7, 7, 7)), correlation_id=STAGING_KEY, timeout=60)
     )
     deadline = time.time() + 30
     restored = await client.request(
@@ -93,7 +94,7 @@ async def test_a_dead_timelines_row_staged_after_the_restore_is_refused_and_the_
     assert isinstance(dead_reply, Generated), dead_reply  # the policy (never restored) answered it
     await rows_handled(client, 1)
 
-    live: Message = await client.request(
+    live: Message = await agent.request(
         "policy/0", model_call(2, (1, 2, 3)), correlation_id=f"{STAGING_KEY}:live", timeout=60
     )
     assert isinstance(live, Generated) and live.token_ids != dead_reply.token_ids, live
@@ -111,7 +112,8 @@ async def test_a_dead_timelines_row_staged_after_the_restore_is_refused_and_the_
         correlation_id=f"seal:{CAPTURE_KEY}",
     )
     assert isinstance(sealed, Ok), sealed
-    fetched = await client.request("tq/0", FetchRows(rollout_ids=(ROLLOUT,)), correlation_id="fetch-1")
+    trainer = Client(client.broker, secret=SECRET.encode(), sender="trainer/0")  # who fetches rows
+    fetched = await trainer.request("tq/0", FetchRows(rollout_ids=(ROLLOUT,)), correlation_id="fetch-1")
     assert isinstance(fetched, CanonicalRows)
     [row] = fetched.rows
     assert [turn.token_ids for turn in row.turns] == [live.token_ids]  # the new timeline's row, not the dead

@@ -56,7 +56,7 @@ class Policy:
                 self.client, body, correlation_id=correlation_id, content_type=content_type, to="policy/0"
             )
             reply = await self.broker.request("policy/0", envelope, deadline=time.time() + 20)
-            return self.client.open(reply)
+            return self.client.open_reply(reply, requested="policy/0")
 
         return self.runner.run(go())
 

@@ -38,7 +38,9 @@ async def test_a_reply_to_naming_a_command_queue_gets_no_reply(
     await client.broker.read_dead_letters()  # start from an empty dead-letter queue
     hijacked = f"pk.{run_name}.q.tq/0"  # tq's command queue, as a reply address
 
-    probe = client.envelope(Probe(checkpoint_id="aimed", deadline=time.time() + 60), correlation_id="aimed")
+    probe = client.envelope(
+        Probe(checkpoint_id="aimed", deadline=time.time() + 60), correlation_id="aimed", to="resources/0"
+    )
     await client.broker.publish("resources/0", replace(probe, reply_to=hijacked))
     garbage = Envelope(b"\xc1unsigned, not msgpack", "application/msgpack", "junk-1", reply_to=hijacked)
     await client.broker.publish("resources/0", garbage)
@@ -78,7 +80,7 @@ async def test_a_reply_address_of_another_node_does_not_take_the_actor_down_agai
     target = spawn("resources")
     await wait_ready(client, target)
     probe = client.envelope(
-        Probe(checkpoint_id="foreign", deadline=time.time() + 120), correlation_id="foreign"
+        Probe(checkpoint_id="foreign", deadline=time.time() + 120), correlation_id="foreign", to="resources/0"
     )
     await client.broker.publish("resources/0", replace(probe, reply_to=FOREIGN_REPLY_TO))
     await until(lambda: bool(probe_lines(tmp_path, "foreign")), timeout=30)
