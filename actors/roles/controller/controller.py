@@ -340,7 +340,7 @@ class Controller(Actor):
             await self.outbox.flush()
             if self.snapshots is not None:
                 await self.snapshots.settle_abort()
-                self.snapshots.mark_completed()
+                await self.snapshots.mark_completed()
         finally:
             await training.stop()
             for task in background:

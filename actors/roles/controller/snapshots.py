@@ -156,6 +156,23 @@ class SnapshotCoordinator:
         self.host.faults.reach("trainer_checkpoint_write", path=self.run.trainer_dir)
         write_trainer_checkpoint(self.run, step, anchor=anchor, state=state)
 
-    def mark_completed(self) -> None:
-        """A finished run leaves a marker: starting the same run again starts it afresh."""
-        self.run.mark_completed()
+    async def mark_completed(self) -> None:
+        """A finished run leaves a marker: starting the same run again starts it afresh. Storage that
+        fails (a full or unwritable state directory) is waited for, backing off, as long as a snapshot
+        streak may last (``snapshots.backoff_max_s``): the run's work is done and sealed, only its
+        marker is missing. After that the error ends the run (exit 3); a start then restores the newest
+        snapshot and finds nothing left to do."""
+        give_up_at = time.monotonic() + self.config.snapshots.backoff_max_s
+        pause = RESTORE_RETRY_FIRST_S
+        while True:
+            try:
+                self.run.mark_completed()
+                return
+            except OSError as exc:
+                if time.monotonic() + pause > give_up_at:
+                    raise SnapshotsEnded(
+                        f"the run completed but its marker cannot be written: {exc}"
+                    ) from exc
+                log.warning("completed_marker_failed", error=f"{type(exc).__name__}: {exc}", retry_in_s=pause)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, RESTORE_RETRY_MAX_S)

@@ -1,4 +1,4 @@
-"""A restore that fails transiently (a broker outage: every request of a step fails) is tried again
+"""Storage and broker failures at the edges of a run are waited out, not fatal. A restore that fails transiently (a broker outage: every request of a step fails) is tried again
 from its first step under a new restore id, in the same process, and the run completes with the
 transcripts of a run that never crashed. Before, the controller gave up at the first failure and
 exited (3): a 3 s broker outage at any restore step ended it."""
@@ -14,7 +14,9 @@ import structlog
 from parkway.actors.roles.controller import snapshots
 from parkway.actors.roles.controller.controller import RunSummary
 from parkway.actors.roles.controller.participants import Participants
+from parkway.actors.storage.runs import RunDirectory
 from parkway.brokers.base import BrokerError
+from parkway.protocol.layout import COMPLETED
 from parkway.protocol.messages import Discover, Message
 from parkway.protocol.snapshot import SnapshotFailure
 
@@ -60,3 +62,26 @@ async def test_a_restore_failing_at_a_step_is_retried_and_the_run_completes(
     assert resumed.restores == 1 and resumed.rollouts_restored > 0
     assert resumed.rollouts_sealed == 9 and resumed.rollouts_failed == 0
     assert resumed.transcripts_sha256 == reference.transcripts_sha256
+
+
+async def test_a_completion_marker_that_cannot_be_written_yet_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state directory unwritable when the last rollout sealed: the run waits for it to write its
+    marker (before, ``FileExistsError`` ended the finished run with exit 1)."""
+    monkeypatch.setattr(snapshots, "RESTORE_RETRY_FIRST_S", 0.01)
+    real_mark = RunDirectory.mark_completed
+    failures: list[int] = []
+
+    def mark_completed(self: RunDirectory) -> None:
+        if len(failures) < 3:
+            failures.append(1)
+            raise FileExistsError(17, "File exists", str(self.path))  # the directory is a file now
+        real_mark(self)
+
+    monkeypatch.setattr(RunDirectory, "mark_completed", mark_completed)
+    with structlog.testing.capture_logs() as logs:
+        summary = await embedded_run(SNAPSHOT_RUN, tmp_path)
+    assert summary.rollouts_sealed == 9 and summary.rollouts_failed == 0
+    assert [e["event"] for e in logs].count("completed_marker_failed") == 3
+    assert (tmp_path / "snapshots" / SNAPSHOT_RUN["run"] / COMPLETED).exists()
