@@ -7,11 +7,13 @@ allowed to send it, a reply only if it was signed for this client by the address
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 
+import structlog
 from parkway.actors.runtime.settings import max_body_bytes
-from parkway.brokers.base import Broker, Envelope
+from parkway.brokers.base import Broker, BrokerError, Envelope
 from parkway.protocol import codec
 from parkway.protocol.authorization import address_role, request_refusal, sender_refusal, signing_role
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -26,6 +28,9 @@ from parkway.protocol.signing import (
     Keyring,
     signing_input,
 )
+
+log = structlog.get_logger("parkway.client")
+SEND_RETRY_FIRST_S, SEND_RETRY_MAX_S = 0.25, 4.0  # the pause before a publish is tried again
 
 
 def signed_envelope(
@@ -216,11 +221,30 @@ class Client:
         return message
 
     async def send(
-        self, address: str, message: Message, *, correlation_id: str, persistent: bool = True
+        self,
+        address: str,
+        message: Message,
+        *,
+        correlation_id: str,
+        persistent: bool = True,
+        retry_for_s: float = 0.0,
     ) -> None:
-        await self.broker.publish(
-            address, self.envelope(message, correlation_id=correlation_id, to=address, persistent=persistent)
-        )
+        """Publish ``message`` to ``address``. With ``retry_for_s``, a publish the broker cannot take (a
+        broker restarting, a channel reopening) is tried again, backing off, for that long before its
+        ``BrokerError`` is raised: for one-way messages whose receiver deduplicates them by id."""
+        envelope = self.envelope(message, correlation_id=correlation_id, to=address, persistent=persistent)
+        give_up_at = time.monotonic() + retry_for_s
+        pause = SEND_RETRY_FIRST_S
+        while True:
+            try:
+                await self.broker.publish(address, envelope)
+                return
+            except BrokerError as exc:
+                if time.monotonic() + pause > give_up_at:
+                    raise
+                log.warning("send_retried", to=address, message_type=type(message).__name__, error=str(exc))
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, SEND_RETRY_MAX_S)
 
     async def request(
         self,

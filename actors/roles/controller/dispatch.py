@@ -18,6 +18,7 @@ from parkway.actors.run.config import RunConfig, parse_fault
 from parkway.actors.run.tasks import Task
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
+from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.protocol.history import Dispatched, RolloutStalled
 from parkway.protocol.ids import Role, actor_address, capture_key, rollout_id, task_group_id
 from parkway.protocol.ledger import Granularity
@@ -151,10 +152,11 @@ class Dispatcher:
             self._outbox.route((sibling.rollout_id, attempt), replica)
             self._counts["attempts_dispatched"] += 1
             in_flight += 1
-            await self._client.send(
+            await self._client.send(  # an agent runs a Run once (by its key): a resend is harmless
                 actor_address(Role.AGENT, replica),
                 run,
                 correlation_id=capture_key(sibling.rollout_id, attempt),
+                retry_for_s=cluster_wait_s(),
             )
 
     def task_options(

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 import structlog
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
+from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.brokers.base import BrokerError
 from parkway.protocol.history import AcksSent
 from parkway.protocol.ids import Role, actor_address
@@ -52,10 +53,11 @@ class AckOutbox:
         """One Ack per agent replica for every receipt pending: batched, and a repeat is harmless."""
         pending, self._pending = self._pending, defaultdict(list)
         for replica, refs in pending.items():
-            await self._client.send(
+            await self._client.send(  # a repeated Ack is harmless
                 actor_address(Role.AGENT, replica),
                 Ack(receipts=tuple(refs)),
                 correlation_id=f"ack-{time.monotonic_ns()}",
+                retry_for_s=cluster_wait_s(),
             )
             self._counts["acks_sent"] += len(refs)
             self._counts["ack_batches"] += 1
