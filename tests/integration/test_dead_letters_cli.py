@@ -13,9 +13,9 @@ from parkway.actors.runtime.client import Client
 from parkway.brokers.base import Envelope
 from parkway.protocol.signing import SENDER_HEADER
 
-from tests.integration.test_metrics_process import free_port, sample, scrape
 from tests.support.cli import parkway
 from tests.support.processes import run_variables, status_of, wait_ready
+from tests.support.scrape import free_port, sample, scrape
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 

@@ -54,7 +54,6 @@ from parkway.protocol.messages import (
     ToolResult,
 )
 
-from tests.support.embedded import embedded_digest
 from tests.support.fuzz import CATEGORIES, fuzzed
 from tests.support.fuzz_cluster import ANSWERED, TARGETS, FuzzCluster, table
 from tests.support.processes import actor_env, status_of
@@ -250,7 +249,10 @@ def test_then_every_process_does_real_work(cluster: FuzzCluster) -> None:
     summary = json.loads(result.stdout)
     assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 4 and summary["rollouts_failed"] == 0
     assert summary["snapshots_published"] >= 1
-    reference = cluster.runner.run(embedded_digest(cluster.config, cluster.root / "reference"))
-    assert summary["transcripts_sha256"] == reference
+    # The fuzzed participants did work of this run (valid commands are among the fuzz), so the new
+    # controller starts a session afresh under session-tagged ids rather than being answered from
+    # their caches; its transcripts are a fresh session's, not comparable with an unfuzzed run's.
+    assert summary["session"] == "afresh" and summary["replayed_from_cache"] == 0, summary
+    assert summary["turns_generated"] > 0 and summary["generations_total"] >= summary["turns_kept"] > 0
     for address in TARGETS[1:]:
         assert cluster.processes[address].alive()

@@ -4,42 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
-import urllib.request
 
 import pytest
 from parkway.actors.runtime.client import Client
 from parkway.protocol.messages import Probe, ProbeResult
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.processes import wait_ready
 from tests.support.rabbit import connection_pid
+from tests.support.scrape import free_port, sample, scrape
 from tests.support.waiting import until
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample at ``/metrics``, by (name, labels)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def sample(samples: dict, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
 
 
 async def test_an_actor_process_serves_its_metrics(spawn, client: Client) -> None:

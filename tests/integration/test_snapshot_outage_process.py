@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_storage_faults_process import CONFIG
 from tests.support.embedded import embedded_digest
 from tests.support.processes import start_driver, status_of, wait_ready
+from tests.support.storage_run import CONFIG
 from tests.support.streams import LogLines
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]

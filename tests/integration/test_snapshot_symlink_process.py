@@ -17,10 +17,10 @@ import signal
 
 import pytest
 
-from tests.integration.test_storage_faults_process import CONFIG, json_lines
 from tests.support.cli import parkway
 from tests.support.embedded import embedded_digest
 from tests.support.processes import run_driver, run_variables, wait_ready
+from tests.support.storage_run import CONFIG, json_lines
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 

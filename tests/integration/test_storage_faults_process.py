@@ -10,38 +10,16 @@ run completes with the transcripts of a run that never failed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-from typing import Any
 
 import pytest
 
 from tests.support.embedded import embedded_digest
 from tests.support.processes import run_driver, status_of, wait_ready
+from tests.support.storage_run import CONFIG, json_lines
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
-
-CONFIG = """
-run: diskfull
-seed: 21
-rollout: {group_size: 3, max_turns: 6}
-tasks: {builtin: bank, limit: 2}
-policy: {host: inline, per_token_delay_s: 0.004}
-topology: {agents: 1, resources: 1}
-recovery: {target_level: turn}
-snapshot_interval_s: 0.3
-prepare_timeout_s: 10
-"""
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    found = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                found.append(json.loads(line))
-    return found
 
 
 async def test_a_participant_whose_disk_fills_aborts_the_snapshot_and_the_one_before_stays(
