@@ -60,7 +60,7 @@ def test_a_short_seeded_chaos_schedule_passes_the_history_checker(tmp_path: Path
             chaos.terminate()  # SIGTERM: the harness reaps every process it started and stops its node
             out, err = chaos.communicate(timeout=240)
             pytest.fail(f"parkway chaos ran past {RUN_TIMEOUT_S}s: {err[-4000:]}")
-    assert chaos.returncode == 0, out[-4000:] + err[-4000:]
+    assert chaos.returncode == 0, failed_workloads(out) + err[-4000:]
     result = json.loads(out)
     assert result["passed"] and result["broker"] == "own node"
 
@@ -151,3 +151,25 @@ async def test_an_agent_dead_after_journaling_its_prepare_reply_fails_one_snapsh
     workload = await one_fault(tmp_path, amqp_url, plan)
     assert workload.controllers == 1 and workload.notes == []
     assert workload.summary is not None and workload.summary["snapshots_failed"] >= 1
+
+
+def failed_workloads(out: str) -> str:
+    """What a failed chaos run says about the workloads that failed (the whole JSON is too long to
+    read in CI's output): each one's plan, error, notes and failing checks."""
+    try:
+        result = json.loads(out)
+    except ValueError:
+        return out[-4000:]
+    lines = []
+    for workload in result.get("workloads", []):
+        verdict = workload.get("verdict") or {}
+        failing = [c for c in verdict.get("checks", []) if not c.get("ok")]
+        if workload.get("passed") and not failing:
+            continue
+        lines.append(
+            json.dumps(
+                {k: workload.get(k) for k in ("index", "plan", "error", "notes", "controllers")}
+                | {"failing_checks": failing}
+            )[:3000]
+        )
+    return "\n".join(lines) or out[-4000:]
