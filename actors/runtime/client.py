@@ -7,11 +7,11 @@ allowed to send it, a reply only if it was signed for this client by the address
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 
 import structlog
+from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.settings import max_body_bytes
 from parkway.brokers.base import Broker, BrokerError, Envelope
 from parkway.protocol import codec
@@ -233,18 +233,16 @@ class Client:
         broker restarting, a channel reopening) is tried again, backing off, for that long before its
         ``BrokerError`` is raised: for one-way messages whose receiver deduplicates them by id."""
         envelope = self.envelope(message, correlation_id=correlation_id, to=address, persistent=persistent)
-        give_up_at = time.monotonic() + retry_for_s
-        pause = SEND_RETRY_FIRST_S
-        while True:
-            try:
-                await self.broker.publish(address, envelope)
-                return
-            except BrokerError as exc:
-                if time.monotonic() + pause > give_up_at:
-                    raise
-                log.warning("send_retried", to=address, message_type=type(message).__name__, error=str(exc))
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, SEND_RETRY_MAX_S)
+        await retrying(
+            lambda: self.broker.publish(address, envelope),
+            retry_on=BrokerError,
+            for_s=retry_for_s,
+            first_s=SEND_RETRY_FIRST_S,
+            max_s=SEND_RETRY_MAX_S,
+            on_retry=lambda exc, _: log.warning(
+                "send_retried", to=address, message_type=type(message).__name__, error=str(exc)
+            ),
+        )
 
     async def request(
         self,

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import structlog
 from parkway.actors.roles.controller.errors import SnapshotsEnded
 from parkway.actors.roles.controller.fingerprints import config_fingerprint
@@ -22,6 +21,7 @@ from parkway.actors.roles.controller.participants import Participants
 from parkway.actors.roles.controller.restore import RestoreSequence
 from parkway.actors.roles.controller.save import Published, SaveOutcome, SaveSequence
 from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.actors.storage.runs import RunDirectory
 from parkway.actors.storage.trainer import write_trainer_checkpoint
@@ -80,17 +80,17 @@ class SnapshotCoordinator:
         under a new restore id, backing off, for as long as the cluster wait allows: what a controller
         restarted after the failure would do, without the restart. Each failed try was aborted
         everywhere it could be (``RestoreSequence``); a restore is a sequence of idempotent commands."""
-        give_up_at = time.monotonic() + cluster_wait_s()
-        pause = RESTORE_RETRY_FIRST_S
-        while True:
-            try:
-                return await self.restorer.restore_if_any()
-            except SnapshotFailure as failure:
-                if not failure.transient or time.monotonic() + pause > give_up_at:
-                    raise
-                log.warning("restore_retried", step=failure.step, detail=failure.detail, retry_in_s=pause)
-                await anyio.sleep(pause)
-                pause = min(pause * 2, RESTORE_RETRY_MAX_S)
+        return await retrying(
+            self.restorer.restore_if_any,
+            retry_on=SnapshotFailure,
+            for_s=cluster_wait_s(),
+            first_s=RESTORE_RETRY_FIRST_S,
+            max_s=RESTORE_RETRY_MAX_S,
+            final=lambda failure: not failure.transient,
+            on_retry=lambda failure, pause: log.warning(
+                "restore_retried", step=failure.step, detail=failure.detail, retry_in_s=pause
+            ),
+        )
 
     def check_failure(self, failure: SnapshotFailure) -> None:
         """After a failed (and aborted) attempt: a transient failure is retried after a back-off while
@@ -162,17 +162,20 @@ class SnapshotCoordinator:
         streak may last (``snapshots.backoff_max_s``): the run's work is done and sealed, only its
         marker is missing. After that the error ends the run (exit 3); a start then restores the newest
         snapshot and finds nothing left to do."""
-        give_up_at = time.monotonic() + self.config.snapshots.backoff_max_s
-        pause = RESTORE_RETRY_FIRST_S
-        while True:
-            try:
-                self.run.mark_completed()
-                return
-            except OSError as exc:
-                if time.monotonic() + pause > give_up_at:
-                    raise SnapshotsEnded(
-                        f"the run completed but its marker cannot be written: {exc}"
-                    ) from exc
-                log.warning("completed_marker_failed", error=f"{type(exc).__name__}: {exc}", retry_in_s=pause)
-                await anyio.sleep(pause)
-                pause = min(pause * 2, RESTORE_RETRY_MAX_S)
+
+        async def mark() -> None:
+            self.run.mark_completed()
+
+        try:
+            await retrying(
+                mark,
+                retry_on=OSError,
+                for_s=self.config.snapshots.backoff_max_s,
+                first_s=RESTORE_RETRY_FIRST_S,
+                max_s=RESTORE_RETRY_MAX_S,
+                on_retry=lambda exc, pause: log.warning(
+                    "completed_marker_failed", error=f"{type(exc).__name__}: {exc}", retry_in_s=pause
+                ),
+            )
+        except OSError as exc:
+            raise SnapshotsEnded(f"the run completed but its marker cannot be written: {exc}") from exc
