@@ -267,10 +267,11 @@ def check(config: RunConfig) -> None:
         problems.append(
             "policy.model: the vllm engine needs a model directory (parkway model build DIR makes one)"
         )
-    if config.recovery.target_level == "prefix" and config.policy.engine != "vllm":
+    if config.recovery.target_level == "prefix":
+        # Refused until it is built: accepting it would silently give exactly what `turn` gives.
         problems.append(
-            "recovery.target_level: prefix needs a policy engine that can cut a generation "
-            f"(policy.engine: vllm), not {config.policy.engine}"
+            "recovery.target_level: prefix is not built yet (a restore would regenerate the model call "
+            "in flight from its first token, exactly as turn does); use turn"
         )
     if config.recovery.allow_restart_only and config.recovery.target_level not in ("turn", "prefix"):
         problems.append(

@@ -52,7 +52,11 @@ def test_the_snapshot_failure_policy_is_checked(snapshots: dict[str, float], mes
         ({"rollout": {"group_size": 0}}, "rollout.group_size: must be >= 1"),
         ({"rollout": {"max_turns": 20_000}}, "rollout.max_turns and rollout.max_tokens: at most 10000"),
         ({"rollout": {"max_tokens": 2**21}}, "got 5 and 2097152"),  # what a Run and a call may carry
-        ({"recovery": {"target_level": "prefix"}}, "prefix needs a policy engine that can cut"),
+        ({"recovery": {"target_level": "prefix"}}, "prefix is not built yet"),
+        (
+            {"recovery": {"target_level": "prefix"}, "policy": {"engine": "vllm", "model": "/m"}},
+            "prefix is not built yet",
+        ),
         (
             {"recovery": {"target_level": "sibling", "allow_restart_only": True}},
             "recovery.allow_restart_only",
