@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections import Counter, OrderedDict
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import structlog
-from parkway.actors.runtime import heartbeat
+from parkway.actors.runtime import heartbeat, memory
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
@@ -69,6 +70,7 @@ from parkway.protocol.messages import (
     ControlCommand,
     Discover,
     Error,
+    MemoryReport,
     Message,
     Probe,
     ProbeResult,
@@ -81,7 +83,7 @@ from parkway.protocol.signing import SENDER_HEADER, Keyring
 log = structlog.get_logger("parkway.actor")
 
 # Read-only questions: no effect to deduplicate, and a cached answer would be stale.
-QUERIES = (Status, Discover)
+QUERIES = (Status, Discover, MemoryReport)
 
 Handler = Callable[[Any], Awaitable[Message | None]]
 ANSWERED_REQUESTS_KEPT = 10_000  # (reply address, request id) pairs remembered as answered
@@ -133,6 +135,7 @@ class Actor:
             Status: self.on_status,
             Discover: self.on_discover,
             Probe: self.on_probe,
+            MemoryReport: functools.partial(memory.answer, self),  # runtime/memory.py
         }
         self._consumer: Consumer | None = None
         self._stopped = asyncio.Event()
@@ -154,12 +157,14 @@ class Actor:
         await self.broker.declare(self.address)
         self._consumer = await self.broker.consume(self.address, self._on_delivery, prefetch=self.prefetch)
         self._heartbeat = asyncio.get_running_loop().create_task(heartbeat.beat(self))
+        memory.attach(self)  # SIGUSR2 logs its memory report; PARKWAY_TRACEMALLOC traces from boot
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             log.info("actor_started", pid=os.getpid())
         self.history.record(Started(started_at=self.started_at))
 
     async def stop(self) -> None:
         """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""
+        memory.detach(self)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

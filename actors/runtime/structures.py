@@ -55,7 +55,7 @@ def read_sizes(actor: Sized) -> dict[str, int]:
     """``actor.structure_sizes()``, safe to call from another thread; {} when it cannot be read."""
     for _ in range(_READ_TRIES):
         try:
-            return {str(name): int(size) for name, size in actor.structure_sizes().items()}
+            return {str(name): max(0, int(size)) for name, size in actor.structure_sizes().items()}
         except RuntimeError:  # a dict resized under an iteration: read again
             continue
         except Exception:  # a role's override failing must not fail the scrape or the Status reply
