@@ -434,7 +434,7 @@ class Resources(Participant):
             **super().structure_sizes(),
             "sessions": len(self.sessions),
             "sessions_live": len(self._live),
-            "sessions_retired": len(self._retired_order),
+            "sessions_ended": len(self._retired_order),
         }
 
 

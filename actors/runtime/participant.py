@@ -150,17 +150,13 @@ class Participant(Actor):
 
     def structure_sizes(self) -> dict[str, int]:
         """Entries of each per-rollout structure (docs/memory.md): the participant's fences here."""
-        sizes: dict[str, int] = {}
-        parent = getattr(super(), "structure_sizes", None)
-        if parent is not None:
-            sizes.update(parent())
-        sizes.update(
-            retired=len(self.retired),
-            forgotten=len(self.forgotten),
-            forget_pending=len(self._forget_pending),
-            checkpoints_ended=len(self._ended),
-        )
-        return sizes
+        return {
+            **super().structure_sizes(),
+            "retired": len(self.retired),
+            "forgotten": len(self.forgotten),
+            "forget_pending": len(self._forget_pending),
+            "checkpoints_ended": len(self._ended),
+        }
 
     # -- status --------------------------------------------------------------------------------
     def timeline(self) -> int:
@@ -344,6 +340,8 @@ class Participant(Actor):
         for key in keys:
             self.retired.discard(key)
         self.forgotten.update(keys)
+        # Their cached replies go too (a late duplicate then meets the fence above, not a replay).
+        self.replies.evict_rollouts(AttemptRef(rollout_id=r, attempt=a) for r, a in keys)
         self.forget_attempts(keys)
         self.counts["attempts_forgotten"] += len(keys)
 

@@ -101,7 +101,7 @@ async def test_resources_keep_only_what_is_live_after_many_rollouts(
             assert await controller.call("resources/0", forget((rollout, 0))) == Ok(detail="forgot 1")
         await ask(agent, "resources/0", tool("live", "balance", 0, account="a"))  # one still in flight
         sizes = actor.structure_sizes()
-        assert sizes["sessions"] == sizes["sessions_live"] == 1 and sizes["sessions_retired"] == 0
+        assert sizes["sessions"] == sizes["sessions_live"] == 1 and sizes["sessions_ended"] == 0
         assert sizes["forgotten"] == 16 and sizes["retired"] == 0  # the fence, not every rollout
         # A late duplicate of a forgotten attempt's first call: refused, no session reopened.
         late = await ask(agent, "resources/0", tool("r39", "transfer", 0, src="a", dst="b", amount=1))
