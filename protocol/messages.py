@@ -260,6 +260,7 @@ class StatusReport(Message, frozen=True, kw_only=True):
     counts: dict[str, int] = {}
     epoch: Epoch = 0  # a participant's: the newest epoch a Restore named
     snapshots: SnapshotHealth | None = None  # the controller's: newest snapshot, last failure
+    structures: dict[str, int] = {}  # entries per named per-rollout structure (Actor.structure_sizes)
 
 
 class Prepared(Message, frozen=True, kw_only=True):

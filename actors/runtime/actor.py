@@ -49,6 +49,7 @@ from parkway.actors.runtime.metrics import (
 )
 from parkway.actors.runtime.replies import ReplyCache
 from parkway.actors.runtime.settings import MAX_DEADLINE_ENV, SettingsError, max_deadline_s
+from parkway.actors.runtime.structures import StructureCollector, read_sizes, runtime_structure_sizes
 from parkway.brokers.base import (
     REQUEST_ID_HEADER,
     Broker,
@@ -127,6 +128,7 @@ class Actor:
         self.metrics.gauge(
             "parkway_handlers_in_flight", "Deliveries being handled now", lambda: self.in_flight
         )
+        self.metrics.registry.register(StructureCollector(self))  # parkway_structure_entries, at scrape
         self.handlers: dict[type[Message], Handler] = {
             Status: self.on_status,
             Discover: self.on_discover,
@@ -422,6 +424,11 @@ class Actor:
     def status_extras(self) -> dict[str, Any]:
         return {}
 
+    def structure_sizes(self) -> dict[str, int]:
+        """Entries per named per-rollout / per-snapshot structure (``runtime/structures.py``); a role
+        returns ``{**super().structure_sizes(), "sessions": len(self.sessions)}``."""
+        return runtime_structure_sizes(self)
+
     def status_fields(self, *, asking: int = 0) -> dict[str, Any]:
         """What ``Status`` and the heartbeat report; ``asking`` messages in flight are the question."""
         fields: dict[str, Any] = {
@@ -434,6 +441,7 @@ class Actor:
             "started_at": self.started_at,
             "handled": self.handled,
             "counts": dict(self.counts),
+            "structures": read_sizes(self),
         }
         fields.update(self.status_extras())  # a role may say better what "in flight" means for it
         return fields

@@ -31,12 +31,22 @@ class ReplyCache:
         self._running: dict[ReplyKey, asyncio.Future[bytes | None]] = {}
         self._journal = journal
         self._journal_records = 0
+        self._journal_bytes = 0
         self._encoder = msgspec.msgpack.Encoder()
         if journal is not None:
             self._load(journal)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries of each of its structures (``Actor.structure_sizes``)."""
+        return {
+            "reply_cache": len(self._entries),
+            "reply_cache_running": len(self._running),
+            "reply_journal_records": self._journal_records,
+            "reply_journal_bytes": self._journal_bytes,
+        }
 
     def get(self, key: ReplyKey) -> bytes | None:
         return self._entries.get(key)
@@ -124,17 +134,20 @@ class ReplyCache:
             handle.flush()
             os.fsync(handle.fileno())
         self._journal_records += len(records)
+        self._journal_bytes += len(data)
         if self._journal_records > 2 * self.capacity:
             self._rewrite(self._journal)
 
     def _rewrite(self, path: Path) -> None:
         """Compact the journal to the entries kept, atomically."""
         tmp = path.with_suffix(".tmp")
+        written = 0
         with open(tmp, "wb") as handle:
             for key, content in self._entries.items():
                 payload = self._encoder.encode(_Record(*key, content))
-                handle.write(len(payload).to_bytes(4, "big") + payload)
+                written += handle.write(len(payload).to_bytes(4, "big") + payload)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         self._journal_records = len(self._entries)
+        self._journal_bytes = written
