@@ -120,7 +120,7 @@ class Actor:
         self.state_dir = state_dir
         self.faults = faults or FaultPoints()
         self.history = History.from_env(broker.run, self.address)  # a no-op unless PARKWAY_HISTORY=1
-        self.replies = ReplyCache(journal=state_dir / "replies.journal" if state_dir else None)
+        self.replies = ReplyCache.from_env(journal=state_dir / "replies.journal" if state_dir else None)
         self.started_at = time.time()
         self.handled = 0
         self.counts: Counter[str] = Counter()  # messages handled by type, errors by code
