@@ -174,7 +174,7 @@ RUN: dict[str, Any] = {
     "run": "forgets",
     "seed": 5,
     "policy": {"host": "inline", "per_token_delay_s": 0.0},
-    "tasks": {"builtin": "letters", "limit": 60},
+    "tasks": {"builtin": "letters", "limit": 120},
     "rollout": {"group_size": 2, "max_turns": 2, "max_in_flight": 8, "max_attempts": 3},
     "topology": {"agents": 2, "resources": 2},
     "faults": {"failure_rate": 0.2},
@@ -208,7 +208,7 @@ async def test_a_run_forgets_every_attempt_everywhere_and_ends_with_its_records_
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
         sizes = controller.structure_sizes()
-    served = 60 * 2
+    served = 120 * 2
     assert summary.rollouts_sealed + summary.rollouts_failed == served
     assert summary.attempts_failed > 0  # retries happened: more attempts than rollouts to forget
     counts = controller.counts
@@ -219,8 +219,11 @@ async def test_a_run_forgets_every_attempt_everywhere_and_ends_with_its_records_
     for name in ("ack_routes", "dispatch_clocks", "forget_after_ack", "forget_batch", "forget_backlog"):
         assert sizes[name] == 0, (name, sizes)
     assert sizes["ledger_groups"] == 0 and sizes["trained_groups"] == 0, sizes
-    # Bounded by what is in flight (8), never by what was served (120 rollouts, more attempts).
+    # Bounded by what is in flight (8 rollouts, 3 attempts each at most, and as many again that
+    # ended within the last flush or tick), never by what was served (240 rollouts, more attempts).
+    bound = 3 * 8 * 3
+    assert bound < served / 3
     running = [s for s in samples if "ack_routes" in s]
-    assert running, "no sample taken while the run was going"
-    assert max(s["ack_routes"] for s in running) <= 3 * 8 * 3, max(s["ack_routes"] for s in running)
-    assert max(s["dispatch_clocks"] for s in running) <= 3 * 8
+    assert len(running) > 3, "too few samples taken while the run was going"
+    for name in ("ack_routes", "dispatch_clocks"):
+        assert max(s[name] for s in running) <= bound, (name, max(s[name] for s in running))
