@@ -29,7 +29,7 @@ IN_FLIGHT = 24
 GROUP = 10
 LONG_TASKS = int(os.environ.get("PARKWAY_LONG_RUN_TASKS", "250"))  # x GROUP rollouts
 SHORT_TASKS = 8
-FENCE = 64  # forgotten ids a participant keeps as a fence (PARKWAY_FORGOTTEN_KEPT)
+FENCE = 64  # forgotten ids a participant keeps as a fence (PARKWAY_FORGET_FENCE)
 BOUND = 4 * IN_FLIGHT + FENCE
 # Caches of a fixed capacity (the runtime's reply cache, its journal, the requests it answered): bounded
 # by their capacity, not per rollout; they are checked against it, not against the rollouts in flight.
@@ -111,7 +111,7 @@ async def test_thousands_of_rollouts_keep_state_bounded_and_three_runs_each_coun
     long_config = write_config(tmp_path, "long", LONG_TASKS)
     short_config = write_config(tmp_path, "short", SHORT_TASKS)
     for actor in [
-        spawn(role, replica, args=("--config", str(long_config)), PARKWAY_FORGOTTEN_KEPT=str(FENCE))
+        spawn(role, replica, args=("--config", str(long_config)), PARKWAY_FORGET_FENCE=str(FENCE))
         for role, replica in ROLES
     ]:
         await wait_ready(client, actor, timeout=60)
