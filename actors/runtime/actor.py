@@ -86,7 +86,6 @@ log = structlog.get_logger("parkway.actor")
 QUERIES = (Status, Discover, MemoryReport)
 
 Handler = Callable[[Any], Awaitable[Message | None]]
-ANSWERED_REQUESTS_KEPT = 10_000  # (reply address, request id) pairs remembered as answered
 
 
 class Actor:
@@ -334,7 +333,10 @@ class Actor:
         key = self._request_key(request)
         if key is not None:
             self._answered_requests[key] = None
-            if len(self._answered_requests) > ANSWERED_REQUESTS_KEPT:
+            # Only a request whose reply is still cached is looked up here (``_answer_again``), so
+            # remembering more than the cache holds is memory nobody reads: it once kept 10,000
+            # pairs and grew TQ for thousands of rollouts after its reply cache was full.
+            while len(self._answered_requests) > self.replies.capacity:
                 self._answered_requests.popitem(last=False)
         return True
 
