@@ -5,6 +5,7 @@ parkway actor      one actor as a service
 parkway publish    send one signed command to an actor and print its typed reply
 parkway status     ask actors for their status
 parkway logs       every actor's log lines (of one checkpoint id, actor, rollout), live or from saved files
+parkway trace      one snapshot's waterfall from its spans: which participant, which step, queued vs handled
 parkway report     a run's timeline (rollouts, turns, snapshot pauses, crash, restore) as PNG and HTML
 parkway chaos      the nemesis: seeded faults over a real cluster of processes, each run history-checked
 parkway dead-letters   show, take or purge the run's dead-letter queue (show|take|purge)
@@ -39,6 +40,7 @@ from parkway.actors.tools.commands import (
     plugins,
     services,
     status,
+    trace,
     workload,
 )
 from parkway.actors.tools.commands.options import Subcommands, broker_url_problem
@@ -101,6 +103,7 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     control.add_publish,
     status.add_status,
     logs.add_logs,
+    trace.add_trace,
     _add_report,
     _add_chaos,
     dead_letters.add_dead_letters,
