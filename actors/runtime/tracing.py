@@ -321,7 +321,8 @@ class RolloutTrace:
                 link_to(
                     rollout_trace_id(self.rollout_id, continues),
                     rollout_span_id(self.rollout_id, continues),
-                    **{"parkway.relation": "continues", "parkway.attempt": continues},
+                    **{"parkway.relation": "continues"},
+                    **{"parkway.attempt": continues},
                 )
             )
         attributes = {**self.attributes, "parkway.continuing": continues is not None}

@@ -178,13 +178,18 @@ if SDK:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
 
+    def _plain(value: object) -> object:
+        """An attribute value as JSON has it: a scalar, or a list of them (the SDK keeps tuples)."""
+        if isinstance(value, str | int | float | bool) or value is None:
+            return value
+        if isinstance(value, list | tuple):
+            return list(value)
+        return str(value)
+
     def span_record(span: ReadableSpan) -> dict[str, Any]:
         """A finished span as a log line: ids in hex, times in Unix seconds, attributes as they are."""
         context = span.get_span_context()
-        attrs = {
-            k: v if isinstance(v, str | int | float | bool) else list(v)
-            for k, v in (span.attributes or {}).items()
-        }  # type: ignore[union-attr,arg-type]  # attribute values are scalars or sequences of them
+        attrs = {k: _plain(v) for k, v in (span.attributes or {}).items()}
         start, end = (span.start_time or 0) / 1e9, (span.end_time or 0) / 1e9
         actor = attrs.get("parkway.actor") or span.resource.attributes.get("service.name", "")
         return {
