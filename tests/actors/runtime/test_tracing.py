@@ -180,3 +180,32 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
     text = waterfall.render(built)
     assert "critical path: close_gate" in text and "policy/0" in text
     assert waterfall.build(records, "ck-never") is None
+
+
+WITHOUT_SDK = """
+import sys
+class NoSdk:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(("opentelemetry.sdk", "opentelemetry.exporter")):
+            raise ImportError(f"{name} is not installed (blocked by the test)")
+sys.meta_path.insert(0, NoSdk())
+import parkway.actors.tools.cli, parkway.actors.launch.workload, parkway.actors.runtime.tracing as tracing
+from parkway.actors.runtime.settings import SettingsError
+assert not tracing.configure("parkway", {})
+try:
+    tracing.configure("parkway", {"OTEL_TRACES_EXPORTER": "otlp"})
+except SettingsError as exc:
+    print("refused:", exc)
+assert not [m for m in sys.modules if m.startswith("opentelemetry.sdk")]
+"""
+
+
+@pytest.mark.slow  # a Python process of its own, where the SDK cannot be imported
+def test_the_core_imports_and_runs_without_the_sdk() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", WITHOUT_SDK], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused: OTEL_TRACES_EXPORTER='otlp' needs the OpenTelemetry SDK" in result.stdout
+    assert "parkway[tracing]" in result.stdout
