@@ -94,13 +94,13 @@ def publish_line(line: bytes, checkpoint_id: str | None) -> None:
 def enable_trace_fields(on: bool) -> None:
     global _trace_fields
     _trace_fields = on
-    if _output is not None:
-        _apply()
 
 
 def _trace_ids(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """``trace_id`` and ``span_id`` of the span the line is logged in, so logs and traces join; a line
     of a checkpoint logged outside any span gets that checkpoint's trace id (docs/tracing.md)."""
+    if not _trace_fields:
+        return event_dict
     span_context = trace.get_current_span().get_span_context()
     if span_context.is_valid:
         event_dict.setdefault("trace_id", trace_id_hex(span_context.trace_id))
@@ -155,7 +155,7 @@ def _apply() -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
-            *([_trace_ids] if _trace_fields else []),
+            _trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
             structlog.processors.format_exc_info,

@@ -9,8 +9,10 @@ under the sender's span, are drawn as one row: queued, then handled.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from parkway.protocol.tracecontext import checkpoint_trace_id, trace_id_hex
@@ -215,3 +217,85 @@ def render(waterfall: Waterfall, *, critical_only: bool = False) -> str:
             f"{name:<34} {row.actor[:14]:<14} {_bar(row, waterfall.total_s)}"
         )
     return "\n".join(lines)
+
+
+def slowest(records: Iterable[dict[str, Any]]) -> Waterfall | None:
+    """The waterfall of the longest snapshot whose root span is among ``records`` (what ``parkway
+    report`` draws), or None when there is none."""
+    records = list(records)
+    roots = [
+        r
+        for r in records
+        if r.get("event") == "span"
+        and str(r.get("name", "")).startswith("snapshot ")
+        and not r.get("parent_span_id")
+        and isinstance((r.get("attrs") or {}).get("parkway.checkpoint_id"), str)
+    ]
+    if not roots:
+        return None
+    root = max(roots, key=lambda r: float(r.get("end", 0.0)) - float(r.get("start", 0.0)))
+    return build(records, root["attrs"]["parkway.checkpoint_id"])
+
+
+def render_html(waterfall: Waterfall) -> str:
+    """The waterfall as an HTML table with a bar per row (light: queued, dark: handled)."""
+    total = waterfall.total_s or 1.0
+    rows = []
+    for row in waterfall.rows:
+        left, queued, handled = (
+            100 * row.at_s / total,
+            100 * row.queued_s / total,
+            100 * row.handled_s / total,
+        )
+        bar = (
+            f'<div style="position:relative;height:10px;width:400px;background:#fafafa">'
+            f'<div style="position:absolute;left:{left:.2f}%;width:{queued:.2f}%;height:10px;background:#f5c77e"></div>'
+            f'<div style="position:absolute;left:{left + queued:.2f}%;width:{max(handled, 0.3):.2f}%;height:10px;'
+            f'background:{"#c0392b" if row.critical else "#2c7fb8"}"></div></div>'
+        )
+        name = "&nbsp;" * (2 * row.depth) + html.escape(row.name)
+        rows.append(
+            f"<tr><td>{row.at_s * 1000:.1f}</td><td>{row.queued_s * 1000:.1f}</td><td>{row.handled_s * 1000:.1f}</td>"
+            f"<td>{'*' if row.critical else ''}</td><td>{name}</td><td>{html.escape(row.actor)}</td><td>{bar}</td></tr>"
+        )
+    return (
+        f"<p>Trace {waterfall.trace_id}, checkpoint {html.escape(waterfall.checkpoint_id)}: "
+        f"{waterfall.total_s * 1000:.1f} ms, {waterfall.spans} spans. Orange: queued; blue: handled; red: "
+        "on the critical path (<code>parkway trace</code> prints the same rows).</p>"
+        "<table><tr><th>at ms</th><th>queued ms</th><th>handled ms</th><th>critical</th><th>span</th>"
+        f"<th>actor</th><th>waterfall</th></tr>{''.join(rows)}</table>"
+    )
+
+
+def render_png(waterfall: Waterfall, path: Path) -> Path:
+    """The waterfall as a picture (matplotlib, the ``report`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = waterfall.rows
+    fig, ax = plt.subplots(figsize=(11, 0.22 * len(rows) + 1.2))
+    for i, row in enumerate(rows):
+        y = len(rows) - 1 - i
+        if row.queued_s:
+            ax.barh(y, row.queued_s * 1000, left=row.at_s * 1000, color="#f5c77e", height=0.7)
+        ax.barh(
+            y,
+            max(row.handled_s * 1000, waterfall.total_s * 2),
+            left=(row.at_s + row.queued_s) * 1000,
+            color="#c0392b" if row.critical else "#2c7fb8",
+            height=0.7,
+        )
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(
+        [f"{'  ' * r.depth}{r.name[:40]}  {r.actor if r.depth > 1 else ''}" for r in reversed(rows)],
+        fontsize=7,
+        family="monospace",
+    )
+    ax.set_xlabel("ms from the snapshot's start (orange: queued, blue: handled, red: critical path)")
+    ax.set_title(f"snapshot {waterfall.checkpoint_id}: {waterfall.total_s * 1000:.1f} ms", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterator
@@ -123,15 +124,17 @@ async def test_a_valid_traceparent_parents_the_handling_and_queued_spans(
 
 
 async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
-    spans: InMemorySpanExporter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
     from parkway.actors.runtime.logs import configure_logging
 
-    configure_logging(level="info")
+    saved = structlog.get_config()
+    stream = io.StringIO()
+    configure_logging(stream=stream, level="info")
     try:
         summary = await embedded_run(SNAPSHOT_RUN, tmp_path)
     finally:
-        structlog.reset_defaults()
+        structlog.configure(**saved)
     assert summary.snapshots_published >= 1
     finished = spans.get_finished_spans()
     [newest] = sorted((tmp_path / "snapshots" / "snaps").glob("snapshot_*"))[-1:]
@@ -166,7 +169,7 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
     )
 
     # Log lines carry the ids: those of the checkpoint, its trace id.
-    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
     of_it = [line for line in lines if line.get("checkpoint_id") == cid]
     assert of_it and all(line["trace_id"] == trace_id_hex(trace_id) for line in of_it)
     assert any("span_id" in line for line in of_it)
@@ -180,6 +183,10 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
     text = waterfall.render(built)
     assert "critical path: close_gate" in text and "policy/0" in text
     assert waterfall.build(records, "ck-never") is None
+    page = waterfall.render_html(built)
+    assert f"checkpoint {cid}" in page and page.count("<tr>") == len(built.rows) + 1
+    longest = waterfall.slowest(records)
+    assert longest is not None and longest.total_s >= built.total_s
 
 
 WITHOUT_SDK = """
