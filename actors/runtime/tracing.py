@@ -131,7 +131,9 @@ def parent_of(headers: Mapping[str, str]) -> otel_context.Context:
 
 
 def link_to(trace_id: int, span_id: int, **attributes: str | int) -> Link:
-    return Link(SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True), attributes=attributes)
+    """A link to another trace's span; each attribute is named ``parkway.<keyword>``."""
+    named = {f"parkway.{key}": value for key, value in attributes.items()}
+    return Link(SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True), attributes=named)
 
 
 def checkpoint_link(checkpoint_id: str, relation: str) -> Link:
@@ -139,7 +141,8 @@ def checkpoint_link(checkpoint_id: str, relation: str) -> Link:
     return link_to(
         checkpoint_trace_id(checkpoint_id),
         checkpoint_span_id(checkpoint_id),
-        **{"parkway.relation": relation, "parkway.checkpoint_id": checkpoint_id},
+        relation=relation,
+        checkpoint_id=checkpoint_id,
     )
 
 
@@ -321,8 +324,8 @@ class RolloutTrace:
                 link_to(
                     rollout_trace_id(self.rollout_id, continues),
                     rollout_span_id(self.rollout_id, continues),
-                    **{"parkway.relation": "continues"},
-                    **{"parkway.attempt": continues},
+                    relation="continues",
+                    attempt=continues,
                 )
             )
         attributes = {**self.attributes, "parkway.continuing": continues is not None}
