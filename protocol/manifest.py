@@ -50,6 +50,9 @@ class ManifestHead(msgspec.Struct, frozen=True, kw_only=True):
     topology_fingerprint: Sha256
     episodes: list[Episode]  # the attempts the agents saved, sorted
     restarts: list[Episode]  # the attempts restart-only participants could not save, sorted
+    # The snapshot's trace id (derived from its checkpoint id: protocol/tracecontext.py); older
+    # manifests have none.
+    trace_id: Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{32})?$")] = ""
 
     def saved_episodes(self) -> set[tuple[str, int]]:
         return {(r, a) for r, a in self.episodes}

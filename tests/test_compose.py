@@ -121,3 +121,20 @@ def test_metrics_are_behind_the_metrics_profile(services: dict[str, dict]) -> No
         f"{name}:{svc['environment']['PARKWAY_METRICS_PORT']}" for name, svc in actors.items()
     )
     assert {svc["environment"]["PARKWAY_METRICS_PORT"] for svc in actors.values()} == {"9464"}
+
+
+@pytest.mark.slow  # runs the Compose binary
+def test_traces_are_behind_the_observability_profile(services: dict[str, dict]) -> None:
+    assert "jaeger" not in services
+    assert {svc["environment"]["OTEL_TRACES_EXPORTER"] for n, svc in services.items() if n != "rabbitmq"} == {
+        ""
+    }
+    result = compose("--profile", "observability", "config", "--format", "json", env=example_env())
+    assert result.returncode == 0, result.stderr
+    with_traces = json.loads(result.stdout)["services"]
+    assert with_traces["jaeger"]["profiles"] == ["observability"]
+    assert {p["target"] for p in with_traces["jaeger"]["ports"]} == {16686, 4318}
+    actors = {name: svc for name, svc in with_traces.items() if name not in ("rabbitmq", "jaeger")}
+    assert {svc["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] for svc in actors.values()} == {
+        "http://jaeger:4318"
+    }

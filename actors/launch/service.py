@@ -17,6 +17,7 @@ import structlog
 from parkway.actors.launch.roles import ROLES
 from parkway.actors.launch.workload import role_options
 from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime import tracing
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.logs import BrokerLogSink, attach_sink, detach_sink
@@ -57,6 +58,12 @@ def build_actor(
     )
 
 
+def service_name(actors: list[Actor]) -> str:
+    """OpenTelemetry's ``service.name`` of a process (``OTEL_SERVICE_NAME`` overrides it)."""
+    roles = sorted({actor.role for actor in actors})
+    return f"parkway-{roles[0]}" if len(roles) == 1 else "parkway"
+
+
 async def serve(
     broker: Broker,
     actors: list[Actor],
@@ -73,6 +80,7 @@ async def serve(
     sink = BrokerLogSink(broker)
     sink.start()
     attach_sink(sink)
+    tracing.configure(service_name(actors))  # off unless OTEL_TRACES_EXPORTER asks (docs/tracing.md)
     try:
         with metrics_endpoint(broker, actors, metrics_port):
             for actor in actors:
@@ -89,6 +97,7 @@ async def serve(
                 for actor in actors:
                     stopping.start_soon(actor.stop)
     finally:
+        await asyncio.to_thread(tracing.flush)  # spans still batched go out before the process does
         await sink.stop()
         detach_sink(sink)
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,6 +4,7 @@ or the controller alone driving actors that run as services on a real broker.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from parkway.actors.launch.plugins import actor_options
 from parkway.actors.roles.controller.controller import Controller, RunSummary
 from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
+from parkway.actors.runtime import tracing
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.logs import BrokerLogSink, attach_sink, detach_sink
 from parkway.actors.runtime.metrics import metrics_endpoint
@@ -129,6 +131,7 @@ async def run_workload(
     if sink is not None:
         sink.start()
         attach_sink(sink)
+    tracing.configure("parkway" if embedded else "parkway-controller")  # off unless OTEL_* ask
     with metrics_endpoint(broker, [*actors, controller], metrics_port):
         try:
             for actor in [*actors, controller]:
@@ -144,6 +147,7 @@ async def run_workload(
         finally:
             for actor in reversed(started):
                 await actor.stop()
+            await asyncio.to_thread(tracing.flush)
             if sink is not None:
                 await sink.stop()
                 detach_sink(sink)

@@ -242,6 +242,8 @@ class Agent(Participant):
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         saved = [live.saved() for _, live in sorted(self.live.items())]
+        for live in self.live.values():
+            live.trace.parked(command.checkpoint_id)  # linked to this snapshot's trace (docs/tracing.md)
         return (self.write_records(directory / "rollouts.msgpack", saved),)
 
     def saved_episodes(self) -> tuple[EpisodeRef, ...]:

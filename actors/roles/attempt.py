@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 from msgspec import UNSET, UnsetType
+from parkway.actors.runtime import tracing
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.actors.sdk import chat
@@ -117,6 +118,7 @@ class Attempt:
         self.mark = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
         # The turn in progress, (index, replayed, perf_counter at its start): logged for ``parkway report``.
         self.turn: tuple[int, bool, float] | None = None
+        self.trace = tracing.rollout(run.rollout_id, run.attempt, host.replica)  # no-op unless tracing
 
     def saved(self) -> SavedRollout:
         models, tools, boundaries = self.mark
@@ -149,7 +151,8 @@ class Attempt:
                 raise RolloutFailure("unknown_agent", f"no agent program {run.task.agent!r}")
             if run.task.continue_from is not None and self.replay is None:
                 raise RolloutFailure("no_continuation", "this replica restored no transcript for it")
-            reward = await program_cls().run(ctx)
+            continues = self.replay.run.attempt if self.replay is not None else None
+            reward = await self.trace.running(program_cls().run(ctx), continues=continues)
         except asyncio.CancelledError:
             host.counts["rollouts_retired"] += 1
             host.history.record(
@@ -197,9 +200,11 @@ class Attempt:
     def _start_turn(self, index: int, replayed: bool) -> None:
         """A turn starts with its model call (the report draws it from here to the next boundary)."""
         self.turn = (index, replayed, time.perf_counter())
+        self.trace.turn_started(index, replayed)
         log.info("turn_started", turn=index, replayed=replayed)
 
     def _end_turn(self) -> None:
+        self.trace.turn_ended()
         if self.turn is None:
             return
         index, replayed, started = self.turn
@@ -269,7 +274,9 @@ class Attempt:
         # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation
         # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
         try:
-            reply = await self._request(self.host.policy_address, request, staging_key(ck, index))
+            reply = await self.trace.call(
+                "model", index, self._request(self.host.policy_address, request, staging_key(ck, index))
+            )
         except RolloutFailure:
             await self.host.released.wait()
             raise
@@ -322,7 +329,7 @@ class Attempt:
             )
         )
         try:
-            reply = await self._request(resources, call, f"{ck}:t{index}")
+            reply = await self.trace.call("tool", index, self._request(resources, call, f"{ck}:t{index}"))
         finally:
             self._set_state(RUNNING)
         if not isinstance(reply, ToolResult):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import structlog
-from parkway.actors.runtime import heartbeat, memory
+from parkway.actors.runtime import heartbeat, memory, tracing
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
@@ -253,16 +253,21 @@ class Actor:
         reply: Message | None
         failure: Exception | None = None
         try:
-            with structlog.contextvars.bound_contextvars(**_context_of(message)):
+            with (
+                structlog.contextvars.bound_contextvars(**_context_of(message)),
+                tracing.handling(self.address, envelope.headers, message),
+            ):
                 try:
                     reply = await handler(message)
                 except ProtocolError as err:
                     reply = Error(code=err.code, detail=err.detail, retryable=err.retryable)
+                    tracing.mark_error(err.code.value, err.detail)
                     log.info("command_refused", message_type=key[1], code=err.code.value, detail=err.detail)
                 except Exception as exc:
                     failure = exc
                     reply = Error(code=ErrorCode.INTERNAL, detail=f"{type(exc).__name__}: {exc}")
                     log.exception("handler_failed", message_type=key[1])
+                    tracing.mark_error(ErrorCode.INTERNAL.value, str(exc))
         except BaseException:
             self.replies.finish(key, None, remember=False)  # cancelled (stop or crash): redelivered later
             raise

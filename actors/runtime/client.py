@@ -11,6 +11,7 @@ import secrets
 import time
 
 import structlog
+from parkway.actors.runtime import tracing
 from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.settings import max_body_bytes
 from parkway.brokers.base import Broker, BrokerError, Envelope
@@ -71,6 +72,7 @@ def signed_envelope(
         MESSAGE_ID_HEADER: message_id,
         SIGNATURE_HEADER: keyring.sign(key_role, data),
     }
+    tracing.inject(all_headers)  # trace context rides unsigned beside the signed fields (docs/tracing.md)
     return Envelope(body, content_type, correlation_id, all_headers, persistent=persistent)
 
 

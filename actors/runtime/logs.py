@@ -11,13 +11,16 @@ import asyncio
 import contextlib
 import logging
 import sys
+import threading
 from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import anyio
 import msgspec
 import structlog
+from opentelemetry import trace
 from parkway.brokers.base import Broker
+from parkway.protocol.tracecontext import checkpoint_trace_id, span_id_hex, trace_id_hex
 
 _json = msgspec.json.Encoder()
 
@@ -38,15 +41,23 @@ class BrokerLogSink:
         self.dropped = 0
         self._queue: asyncio.Queue[tuple[bytes, str | None]] = asyncio.Queue(capacity)
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.get_ident()
 
     def submit(self, line: bytes, checkpoint_id: str | None) -> None:
+        if self._loop is not None and threading.get_ident() != self._thread:
+            # From another thread (a span exported there): asyncio's queue is the loop's alone.
+            self._loop.call_soon_threadsafe(self.submit, line, checkpoint_id)
+            return
         try:
             self._queue.put_nowait((line, checkpoint_id))
         except asyncio.QueueFull:
             self.dropped += 1
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._pump())
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._task = self._loop.create_task(self._pump())
 
     async def _pump(self) -> None:
         while True:
@@ -71,6 +82,34 @@ class BrokerLogSink:
 
 
 _sinks: list[BrokerLogSink] = []
+_trace_fields = False  # set while tracing is on: lines carry trace_id and span_id
+
+
+def publish_line(line: bytes, checkpoint_id: str | None) -> None:
+    """A line for the run's log stream only (a span's record), not the local log."""
+    for sink in _sinks:
+        sink.submit(line, checkpoint_id)
+
+
+def enable_trace_fields(on: bool) -> None:
+    global _trace_fields
+    _trace_fields = on
+
+
+def _trace_ids(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """``trace_id`` and ``span_id`` of the span the line is logged in, so logs and traces join; a line
+    of a checkpoint logged outside any span gets that checkpoint's trace id (docs/tracing.md)."""
+    if not _trace_fields:
+        return event_dict
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        event_dict.setdefault("trace_id", trace_id_hex(span_context.trace_id))
+        event_dict.setdefault("span_id", span_id_hex(span_context.span_id))
+    elif isinstance(checkpoint_id := event_dict.get("checkpoint_id"), str):
+        event_dict.setdefault("trace_id", trace_id_hex(checkpoint_trace_id(checkpoint_id)))
+    return event_dict
+
+
 _LEVELS = logging.getLevelNamesMapping()
 _local_level = logging.INFO  # lines below it reach the broker's stream but not the local stream
 
@@ -116,6 +155,7 @@ def _apply() -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
             structlog.processors.format_exc_info,

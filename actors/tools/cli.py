@@ -5,6 +5,7 @@ parkway actor      one actor as a service
 parkway publish    send one signed command to an actor and print its typed reply
 parkway status     ask actors for their status
 parkway logs       every actor's log lines (of one checkpoint id, actor, rollout), live or from saved files
+parkway trace      one snapshot's waterfall from its spans: which participant, which step, queued vs handled
 parkway report     a run's timeline (rollouts, turns, snapshot pauses, crash, restore) as PNG and HTML
 parkway chaos      the nemesis: seeded faults over a real cluster of processes, each run history-checked
 parkway dead-letters   show, take or purge the run's dead-letter queue (show|take|purge)
@@ -40,6 +41,7 @@ from parkway.actors.tools.commands import (
     plugins,
     services,
     status,
+    trace,
     workload,
 )
 from parkway.actors.tools.commands.options import Subcommands, broker_url_problem
@@ -103,6 +105,7 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     status.add_status,
     inspect.add_inspect,
     logs.add_logs,
+    trace.add_trace,
     _add_report,
     _add_chaos,
     dead_letters.add_dead_letters,

@@ -207,3 +207,20 @@ async def test_logs_are_readable_from_the_start_and_live(make_broker) -> None:
         got.append(await asyncio.wait_for(anext(lines), 5))
         await lines.aclose()
         assert got == [b'{"n":0}', b'{"n":1}', b'{"n":2}', b'{"n":3}']
+
+
+async def test_headers_travel_as_they_were_published(make_broker) -> None:
+    # Trace context rides in headers (docs/tracing.md): both brokers hand them over unchanged.
+    headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "x-any": "v"}
+    async with make_broker() as broker:
+        await broker.declare("work/0")
+        await broker.publish("work/0", Envelope(b"m", "text/plain", "c-h", headers))
+        received: list[Delivery] = []
+
+        async def handler(d: Delivery) -> None:
+            received.append(d)
+            await d.ack()
+
+        await broker.consume("work/0", handler)
+        await collect(1, received)
+        assert {k: received[0].envelope.headers.get(k) for k in headers} == headers

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 from parkway.actors.roles.controller.adopt import Continuation
@@ -23,6 +24,7 @@ from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants
 from parkway.actors.roles.controller.save import SaveSequence
 from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime import tracing
 from parkway.actors.storage.runs import RunDirectory, newest_trainer_step
 from parkway.actors.storage.select import NoValidSnapshot, SnapshotInvalid, select_snapshot
 from parkway.actors.storage.trainer import read_trainer_checkpoint
@@ -59,6 +61,7 @@ class RestoreAttempt:
     continuation: Continuation | None = None
     outcome: bool | None = None  # set by a step that ends the walk: True restored, False start afresh
     orphans: dict[str, list[str]] = field(default_factory=dict)
+    span: Any = None  # the restore's root span once it has an id, while tracing (docs/tracing.md)
 
     def fence(self) -> Retire:
         assert self.continuation is not None
@@ -97,7 +100,11 @@ class RestoreSequence:
                 for step in RESTORE_SEQUENCE:
                     current = step.name
                     self.host.faults.reach(f"restore_{step.name.value}")
-                    await RESTORE_STEPS[step.name](self, attempt, step.stages)
+                    await tracing.step(
+                        step.name.value,
+                        RESTORE_STEPS[step.name](self, attempt, step.stages),
+                        parent=attempt.span,
+                    )
                     if attempt.outcome is not None:
                         return attempt.outcome
             except SnapshotFailure as failure:
@@ -175,6 +182,7 @@ class RestoreSequence:
         self.participants.began = time.time()
         attempt.scope.enter_context(structlog.contextvars.bound_contextvars(checkpoint_id=rid))
         saved_cid = attempt.manifest.checkpoint_id
+        attempt.span = attempt.scope.enter_context(tracing.snapshot(rid, kind="restore", restores=saved_cid))
         log.info("restore_started", snapshot=attempt.path.name, saved_checkpoint=saved_cid)
         self.host.history.record(
             RestoreStarted(restore_id=rid, snapshot=attempt.path.name, saved_checkpoint_id=saved_cid)

@@ -22,6 +22,7 @@ from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants
 from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime import tracing
 from parkway.actors.storage.checks import missing_staging_keys
 from parkway.actors.storage.files import sha256_file
 from parkway.actors.storage.publish import prune, publish, write_ledger_file
@@ -57,6 +58,7 @@ from parkway.protocol.snapshot import (
     episode_mismatch,
     save_failure_aborts,
 )
+from parkway.protocol.tracecontext import checkpoint_trace_id, trace_id_hex
 
 log = structlog.get_logger("parkway.snapshots")
 
@@ -171,7 +173,10 @@ class SaveSequence:
         started = time.perf_counter()
         host, history = self.host, self.host.history
         paused_before = host.paused_s()  # the gate's own clock measures the admission-closed window
-        with structlog.contextvars.bound_contextvars(checkpoint_id=cid):
+        with (
+            structlog.contextvars.bound_contextvars(checkpoint_id=cid),
+            tracing.snapshot(cid, kind="snapshot", seq=seq),
+        ):
             current = SAVE_SEQUENCE[0].name
             try:
                 for step in SAVE_SEQUENCE:
@@ -180,7 +185,7 @@ class SaveSequence:
                     host.faults.reach(f"save_{step.name.value}")
                     history.record(SnapshotStep(checkpoint_id=cid, step=step.name.value))
                     try:
-                        await SAVE_STEPS[step.name](self, attempt, step.stages)
+                        await tracing.step(step.name.value, SAVE_STEPS[step.name](self, attempt, step.stages))
                     except OSError as exc:
                         # Storage (a disk that is full, an I/O error, a failed fsync or rename): the
                         # snapshot is aborted and the next interval tries again.
@@ -438,6 +443,7 @@ class SaveSequence:
             episodes=sorted(attempt.episodes),
             restarts=sorted(attempt.restarts),
             files=attempt.files,
+            trace_id=trace_id_hex(checkpoint_trace_id(attempt.checkpoint_id)),
         )
         publication = publish(self.run, attempt.tmp, manifest, self.host.faults)
         attempt.bytes = publication.bytes

@@ -15,6 +15,7 @@ from parkway.actors.runtime.heartbeat import HEARTBEAT_EVENT
 from parkway.actors.runtime.settings import RunSettings
 from parkway.actors.tools.commands.options import Subcommands, common
 from parkway.brokers import connect
+from parkway.protocol.tracecontext import SPAN_EVENT
 
 
 def add_logs(sub: Subcommands) -> None:
@@ -34,6 +35,7 @@ def add_logs(sub: Subcommands) -> None:
     p.add_argument("--rollout-id", help="only lines of this rollout")
     p.add_argument("--event", help="only lines of this event")
     p.add_argument("--heartbeats", action="store_true", help="include the actors' heartbeat lines")
+    p.add_argument("--spans", action="store_true", help="include span lines (parkway trace reads them)")
     p.add_argument("--json", action="store_true", help="print the raw JSON lines")
     p.add_argument(
         "--idle",
@@ -75,6 +77,8 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
     def wanted(record: dict[str, Any]) -> bool:
         if record.get("event") == HEARTBEAT_EVENT and not args.heartbeats:
+            return False
+        if record.get("event") == SPAN_EVENT and not args.spans and args.event != SPAN_EVENT:
             return False
         return (
             (args.checkpoint_id is None or record.get("checkpoint_id") == args.checkpoint_id)

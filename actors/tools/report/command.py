@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+import msgspec
 from parkway.actors.runtime.settings import SettingsError
+from parkway.actors.tools import waterfall
 from parkway.actors.tools.report.builder import build_timeline
 from parkway.actors.tools.report.figure import ReportError, draw, render_png
 from parkway.actors.tools.report.model import CONTROLLER, Timeline
@@ -19,13 +23,30 @@ from parkway.brokers.urls import redact_url
 from parkway.protocol.ids import validate_name
 
 
-def write_report(timeline: Timeline, out: Path, *, max_rows: int = 150) -> tuple[Path, Path]:
-    """``out/RUN.png`` and ``out/RUN.html``."""
+def write_report(
+    timeline: Timeline, out: Path, *, max_rows: int = 150, lines: list[bytes] | None = None
+) -> tuple[Path, Path]:
+    """``out/RUN.png`` and ``out/RUN.html`` (with the longest snapshot's waterfall where ``lines`` hold
+    its spans: docs/tracing.md)."""
     out.mkdir(parents=True, exist_ok=True)
     drawing = draw(timeline, max_rows=max_rows)
     png = render_png(drawing, out / f"{timeline.run}.png")
-    page = render_html(timeline, drawing, out / f"{timeline.run}.html")
+    slowest = waterfall.slowest(span_records(lines or []))
+    trace = waterfall.render_html(slowest) if slowest is not None else ""
+    page = render_html(timeline, drawing, out / f"{timeline.run}.html", trace=trace)
     return png, page
+
+
+def span_records(lines: list[bytes]) -> list[dict[str, Any]]:
+    """The span lines among a run's log lines, decoded (the others are left alone)."""
+    decoder = msgspec.json.Decoder(dict[str, Any])
+    records = []
+    for line in lines:
+        if b'"event":"span"' not in line:
+            continue
+        with contextlib.suppress(msgspec.DecodeError):
+            records.append(decoder.decode(line))
+    return records
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +115,7 @@ def command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        png, page = write_report(timeline, Path(args.out), max_rows=args.max_rows)
+        png, page = write_report(timeline, Path(args.out), max_rows=args.max_rows, lines=lines)
     except ReportError as exc:
         print(f"parkway: report: {exc}", file=sys.stderr)
         return 2

@@ -136,7 +136,7 @@ def _totals(summary: dict[str, Any]) -> str:
     )
 
 
-def render_html(timeline: Timeline, drawing: Drawing, path: Path) -> Path:
+def render_html(timeline: Timeline, drawing: Drawing, path: Path, *, trace: str = "") -> Path:
     """One self-contained file: the picture as inline SVG (hover a bar for its times), then tables."""
     title, counts = heading(timeline)
     summary = timeline.summary()
@@ -167,6 +167,7 @@ closed); a red line is a crash, a green one the end of a restore. Hover a bar or
 {hidden}
 <div class="figure">{_svg(drawing)}</div>
 <h2>Snapshots ({len(timeline.pauses)} pauses)</h2>{_snapshots(timeline)}
+{f"<h2>The longest snapshot's trace</h2>{trace}" if trace else ""}
 <h2>Restores</h2>{_restores(timeline)}
 <h2>Crashes</h2>{_crashes(timeline)}
 <h2>Summary</h2>{_totals(summary)}
