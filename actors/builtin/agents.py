@@ -79,11 +79,16 @@ class SubmitAgent(AgentProgram):
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
+# A template may hold ``.delay``: seconds each test run takes (the crash test's command in flight).
 TESTS = (
+    "import pathlib, sys, time\n"
     "from calc import add\n\n"
-    "for a, b in [(1, 2), (0, 0), (5, -3)]:\n"
-    "    assert add(a, b) == a + b, f'add({a}, {b}) gave {add(a, b)}, expected {a + b}'\n"
-    "print('3 passed')\n"
+    "delay = pathlib.Path('.delay')\n"
+    "time.sleep(float(delay.read_text()) if delay.exists() else 0)\n"
+    "cases = [(1, 2), (0, 0), (5, -3)]\n"
+    "failed = [f'add({a}, {b}) gave {add(a, b)}, expected {a + b}' for a, b in cases if add(a, b) != a + b]\n"
+    "print('\\n'.join(failed) or f'{len(cases)} passed')\n"  # no traceback: it would name absolute paths
+    "sys.exit(1 if failed else 0)\n"
 )
 RUN_TESTS = '"$PYTHON" test_calc.py'
 

@@ -36,7 +36,7 @@ _LIVE: weakref.WeakValueDictionary[int, Workspace] = weakref.WeakValueDictionary
 _TEMPLATES: dict[tuple[str, str, int], list[tree.Entry]] = {}
 
 
-def _dir_name(rollout_id: str) -> str:
+def dir_name(rollout_id: str) -> str:
     """A rollout id as one safe directory name (the id may hold ':' and other characters)."""
     kept = "".join(c if c.isalnum() or c in "-_." else "_" for c in rollout_id)[:64]
     return f"{kept}-{hashlib.sha256(rollout_id.encode()).hexdigest()[:12]}"
@@ -87,7 +87,9 @@ class Workspace(Environment):
 
     def bind(self, rollout_id: str, attempt: int) -> None:
         super().bind(rollout_id, attempt)
-        self.root = self._home() / "live" / _dir_name(rollout_id)
+        self.root = self._home() / "live" / dir_name(rollout_id)
+        if self.pending is not None:
+            self._root()  # a restored session is put back at once, while the restore holds the cluster
 
     def _home(self) -> Path:
         if self.home is None:

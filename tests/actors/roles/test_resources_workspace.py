@@ -52,7 +52,9 @@ def commit() -> Commit:
 
 async def restored(tmp_path: Path, saved_dir: Path, first_index: int) -> tuple[Resources, ToolResult]:
     async with MemoryBroker(MemoryHub(), RUN) as broker:
-        actor = Resources(broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace})
+        actor = Resources(
+            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
+        )
         await actor.start()
         command = Restore(
             checkpoint_id="ck-2",
@@ -69,12 +71,16 @@ async def restored(tmp_path: Path, saved_dir: Path, first_index: int) -> tuple[R
 
 async def test_a_snapshot_during_a_command_keeps_the_workspace_as_it_started(tmp_path: Path) -> None:
     async with MemoryBroker(MemoryHub(), RUN) as broker:
-        actor = Resources(broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace})
+        actor = Resources(
+            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
+        )
         await actor.start()
         client = Client(broker, secret=SECRET, sender="agent/0")
         await call(client, 0, "write_file", {"path": "a.txt", "content": "before"})
         running = asyncio.ensure_future(call(client, 1, "run", {"command": "sleep 1; echo after > b.txt"}))
-        while not actor.sessions["r1"].running:
+        for _ in range(500):  # until the command has started (its session holds it as running)
+            if "r1" in actor.sessions and actor.sessions["r1"].running:
+                break
             await asyncio.sleep(0.01)
         during = _saved_sessions(actor)
         directory = tmp_path / RUN / "snapshot_1" / "participants" / "resources" / "0"
@@ -102,7 +108,9 @@ async def test_a_snapshot_during_a_command_keeps_the_workspace_as_it_started(tmp
 
 async def test_a_restore_after_the_command_takes_its_result(tmp_path: Path) -> None:
     async with MemoryBroker(MemoryHub(), RUN) as broker:
-        actor = Resources(broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace})
+        actor = Resources(
+            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
+        )
         await actor.start()
         client = Client(broker, secret=SECRET, sender="agent/0")
         await call(client, 0, "run", {"command": "echo made > made.txt"})
