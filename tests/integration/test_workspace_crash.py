@@ -62,6 +62,17 @@ def commands_running(state: Path) -> list[int]:
     return found
 
 
+def parked_before_a_command(snapshot: Path) -> list[str]:
+    """The rollouts a snapshot saved at the boundary before a ``run`` (the coder's third and sixth
+    calls, in its second and fifth turns): their command was in flight or about to be sent."""
+    found = []
+    for rollouts in sorted(snapshot.glob("participants/agent/*/rollouts.msgpack")):
+        for saved in msgspec.msgpack.decode(rollouts.read_bytes()):
+            if (len(saved["model"]), len(saved["tools"])) in ((2, 2), (5, 5)):
+                found.append(saved["run"]["rollout_id"])
+    return found
+
+
 def saved_workspaces(snapshot: Path) -> dict[str, tuple[str, str]]:
     """rollout id -> (replica, manifest digest) of every session the snapshot saved."""
     saved = {}
@@ -100,7 +111,7 @@ async def test_the_cluster_killed_while_commands_run(
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # a published snapshot with rollouts in it, and commands running
         published = sorted(run_dir.glob("snapshot_*"))
-        caught = published and json.loads((published[-1] / "manifest.json").read_text())["episodes"]
+        caught = published and parked_before_a_command(published[-1])
         if caught and commands_running(state):
             break
         await asyncio.sleep(0.05)
@@ -124,6 +135,8 @@ async def test_the_cluster_killed_while_commands_run(
     episodes = {e[0] for e in json.loads((snapshot / "manifest.json").read_text())["episodes"]}
     saved = saved_workspaces(snapshot)
     assert episodes and episodes <= set(saved)
+    # Commands in flight did not hold the cut: rollouts were saved at the boundary before theirs.
+    assert parked_before_a_command(snapshot)
     for rollout in sorted(episodes):
         replica, digest = saved[rollout]
         live = run_dir / "workspace" / replica / "live" / dir_name(rollout)
