@@ -77,4 +77,59 @@ class SubmitAgent(AgentProgram):
         return await ctx.verify()
 
 
-PROGRAMS: dict[str, type[AgentProgram]] = {p.name: p for p in (ToolAgent, CounterAgent, SubmitAgent)}
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+# A template may hold ``.delay``: seconds each test run takes (the crash test's command in flight).
+TESTS = (
+    "import pathlib, sys, time\n"
+    "from calc import add\n\n"
+    "delay = pathlib.Path('.delay')\n"
+    "time.sleep(float(delay.read_text()) if delay.exists() else 0)\n"
+    "cases = [(1, 2), (0, 0), (5, -3)]\n"
+    "failed = [f'add({a}, {b}) gave {add(a, b)}, expected {a + b}' for a, b in cases if add(a, b) != a + b]\n"
+    "print('\\n'.join(failed) or f'{len(cases)} passed')\n"  # no traceback: it would name absolute paths
+    "sys.exit(1 if failed else 0)\n"
+)
+RUN_TESTS = '"$PYTHON" test_calc.py'
+
+
+class CoderAgent(AgentProgram):
+    """A coding agent over the ``workspace`` environment, deterministic whatever the model says: it
+    writes a module with a bug and its tests, runs them, reads the failure, fixes the module and runs
+    them again; one model call per turn (docs/workspace.md)."""
+
+    name = "coder"
+
+    async def run(self, ctx: RolloutContext) -> float:
+        messages = [chat.Message("system", chat.system_prompt(ctx.prompt, list(ctx.tools), ctx.max_turns))]
+
+        async def turn(*calls: tuple[str, dict[str, object]]) -> list[dict[str, object]]:
+            reply = await ctx.generate(messages)
+            messages.append(chat.Message("assistant", reply.text))
+            outputs = []
+            for tool, arguments in calls:
+                outcome = await ctx.call_tool(tool, arguments)
+                if not outcome.ok:
+                    raise RolloutFailure("tool_error", f"{tool}: {outcome.output}")
+                messages.append(chat.Message("tool", json.dumps(outcome.output, sort_keys=True)))
+                outputs.append(outcome.output)
+            await ctx.end_tool_round()
+            return outputs
+
+        await turn(
+            ("write_file", {"path": "calc.py", "content": BUGGY}),
+            ("write_file", {"path": "test_calc.py", "content": TESTS}),
+        )
+        (failed,) = await turn(("run", {"command": RUN_TESTS}))
+        if failed.get("exit_code") == 0:
+            raise RolloutFailure("tool_error", "the tests of the buggy module passed")
+        (source,) = await turn(("read_file", {"path": "calc.py"}))
+        fixed = str(source.get("content", "")).replace("a - b", "a + b")
+        await turn(("write_file", {"path": "calc.py", "content": fixed}))
+        await turn(("run", {"command": RUN_TESTS}))
+        return await ctx.verify()
+
+
+PROGRAMS: dict[str, type[AgentProgram]] = {
+    p.name: p for p in (ToolAgent, CounterAgent, SubmitAgent, CoderAgent)
+}

@@ -60,7 +60,9 @@ CALL_TIMEOUT_S = 600.0  # a model or tool call that takes longer is a failure of
 TRANSPORT_RETRIES_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
-PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL})
+# Waiting for a ``boundary_before`` tool call (a command) sent right after a boundary: parked there.
+AWAITING_TOOL = "tool_parked"
+PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL, AWAITING_TOOL})
 
 
 class AttemptHost(Protocol):
@@ -116,6 +118,7 @@ class Attempt:
         self.model: list[ModelStep] = []
         self.tools: list[ToolStep] = []
         self.mark = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
+        self.boundary_tools: frozenset[str] = frozenset()  # tools its environment records a boundary before
         # The turn in progress, (index, replayed, perf_counter at its start): logged for ``parkway report``.
         self.turn: tuple[int, bool, float] | None = None
         self.trace = tracing.rollout(run.rollout_id, run.attempt, host.replica)  # no-op unless tracing
@@ -134,6 +137,7 @@ class Attempt:
         released and the cancellation goes on; every other ending is a receipt."""
         run, host = self.run, self.host
         env = host.environment(run.env)  # the resources' tool catalogue
+        self.boundary_tools = env.boundary_before if env is not None else frozenset()
         program_cls = host.program(run.task.agent)
         ctx = RolloutContext(
             run=run,
@@ -318,7 +322,12 @@ class Attempt:
             seed=run.seed,
             epoch=run.epoch,
         )
-        self._set_state(IN_TOOL)
+        parks = tool in self.boundary_tools
+        if parks:
+            # A boundary right before the call: the session records its state as the call starts, so a
+            # checkpoint keeps this boundary and need not wait for the call (docs/workspace.md).
+            await self._at_boundary()
+        self._set_state(AWAITING_TOOL if parks else IN_TOOL)
         self.host.history.record(
             ToolCallSent(
                 rollout_id=run.rollout_id,
@@ -330,6 +339,8 @@ class Attempt:
         )
         try:
             reply = await self.trace.call("tool", index, self._request(resources, call, f"{ck}:t{index}"))
+            if parks:  # a reply that arrives mid-checkpoint waits: the rollout stays at its boundary
+                await self.host.released.wait()
         finally:
             self._set_state(RUNNING)
         if not isinstance(reply, ToolResult):

@@ -24,6 +24,7 @@ Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mi
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import msgspec
 import structlog
 from parkway.actors.runtime.forgetting import AttemptKey
 from parkway.actors.runtime.participant import ParkReport, Participant
-from parkway.actors.sdk.environments import CallKey, Environment, Record, ToolError
+from parkway.actors.sdk.environments import CallAnswer, CallKey, Environment, Record, ToolError
 from parkway.actors.sdk.plugins import Kind, find_environment, installed_names
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import (
@@ -78,6 +79,13 @@ class Session:
     # Call indices whose mutation this session's state holds, across a restore: the record that shows
     # a mutation applied twice (a continued attempt must never send a saved call again).
     applied: set[int] = field(default_factory=set)
+    # The session as it was when its latest ``boundary_before`` call started (docs/workspace.md): what a
+    # snapshot saves while that call runs, and beside the state after it while no later call came.
+    before: SavedBefore | None = None
+    running: dict[tuple[int, int], asyncio.Future[ToolResult]] = field(default_factory=dict)
+    # Restored: the saved ``before`` state, taken instead when the continuing attempt's first call is
+    # that call again (its agent saved the boundary before it).
+    alternative: SavedBefore | None = None
 
 
 class Resources(Participant):
@@ -108,6 +116,18 @@ class Resources(Participant):
         self._live: set[str] = set()  # rollouts whose session is not retired: what snapshots cover
         self._retired_order: OrderedDict[str, None] = OrderedDict()  # retired sessions, oldest first
         self.handlers[ToolCall] = self.on_tool_call
+        self._files_home: Path | None = None
+
+    @property
+    def files_home(self) -> Path:
+        """Where environments that keep files keep them (``Environment.locate``): beside the run's
+        snapshots, so a restarted server finds the blobs its snapshots refer to."""
+        if self._files_home is None:
+            if self.snapshot_root is not None:
+                self._files_home = self.snapshot_root / self.run / "workspace" / str(self.replica)
+            else:
+                self._files_home = Path(tempfile.mkdtemp(prefix="parkway-workspace-"))
+        return self._files_home
 
     # -- the tool call -------------------------------------------------------------------------
     async def on_tool_call(self, call: ToolCall) -> Message:
@@ -118,6 +138,12 @@ class Resources(Participant):
         self.counts["tool_calls"] += 1
         session = self._session_for(call)
         key = (call.attempt, call.call_index)
+        if session.alternative is not None:
+            self._take_alternative(call, session)
+        if session.before is not None and call.call_index > session.before.call_index:
+            session.before = None  # a later call: the boundary before that one no longer matters
+        if not session.retired and call.tool in session.env.async_tools and key not in session.results:
+            return await self._run_async(session, call, key)
         if session.retired:
             result = self._after_retirement(session, call)
         elif call.tool == RELEASE:
@@ -199,10 +225,60 @@ class Resources(Participant):
         self._live.discard(rollout_id)
         self._retired_order.pop(rollout_id, None)
 
+    def _take_alternative(self, call: ToolCall, session: Session) -> None:
+        alternative, session.alternative = session.alternative, None
+        if alternative is None or call.call_index != alternative.call_index:
+            return
+        env = self.environment(session.env.name).restore(alternative.env)
+        session.env.close()
+        env.locate(self.files_home)
+        env.bind(call.rollout_id, session.attempt)
+        session.env, session.revision, session.applied = env, alternative.revision, set(alternative.applied)
+
+    async def _run_async(self, session: Session, call: ToolCall, key: tuple[int, int]) -> ToolResult:
+        """A call of an ``async_tools`` tool: awaited, while other calls go on; a second delivery while it
+        runs waits for the first. A ``boundary_before`` tool's session is exported first."""
+        if key in session.running:
+            self.counts["tool_duplicates"] += 1
+            return await asyncio.shield(session.running[key])
+        future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+        session.running[key] = future
+        try:
+            if call.tool in session.env.boundary_before:
+                session.before = SavedBefore(
+                    call_index=call.call_index,
+                    revision=session.revision,
+                    applied=tuple(sorted(session.applied)),
+                    env=session.env.export(),
+                )
+            try:
+                answer = await session.env.call_async(
+                    CallKey(call.rollout_id, call.attempt, call.call_index), call.tool, dict(call.arguments)
+                )
+            except ToolError as err:
+                result = self._result(session, call, ok=False, output=err.output())
+            else:
+                if self.sessions.get(call.rollout_id) is not session or session.retired:
+                    raise ProtocolError(
+                        ErrorCode.STALE_ATTEMPT,
+                        f"{call.rollout_id} attempt {call.attempt} ended while it ran",
+                    )
+                result = self._answered(session, call, answer)
+            session.results[key] = (call, result)
+            future.set_result(result)
+            return result
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a lone delivery leaves no one else to
+            raise
+        finally:
+            session.running.pop(key, None)
+
     def open_session(self, call: ToolCall) -> Session:
         """A fresh session for the first call of an attempt: a live retry starts from the prompt, so
         the environment's state (in an external store too) is reset to the seed's."""
         env = self.environment(call.env)(call.seed)
+        env.locate(self.files_home)
         env.bind(call.rollout_id, call.attempt)
         env.reset()
         return Session(attempt=call.attempt, env=env)
@@ -215,6 +291,7 @@ class Resources(Participant):
         if env_class.state_lives_in == "process":
             return None
         env = env_class(call.seed)
+        env.locate(self.files_home)
         env.bind(call.rollout_id, call.attempt)
         applied = env.reattach()
         if applied is None:
@@ -267,7 +344,10 @@ class Resources(Participant):
         try:
             answer = session.env.call(key, call.tool, dict(call.arguments))
         except ToolError as err:
-            return self._result(session, call, ok=False, output={"error": err.message})
+            return self._result(session, call, ok=False, output=err.output())
+        return self._answered(session, call, answer)
+
+    def _answered(self, session: Session, call: ToolCall, answer: CallAnswer) -> ToolResult:
         output = answer.output
         if answer.from_journal:  # applied before (by a server that died): the store answered it
             self.counts["tool_duplicates"] += 1
@@ -390,12 +470,19 @@ class Resources(Participant):
                 continue  # not continued (finished, or restarted from the prompt): nothing to reopen
             env_class = self.environment(item.env_name)
             env = env_class.restore(item.env) if item.env is not None else env_class(item.seed)
+            env.locate(self.files_home)
             env.bind(item.rollout_id, attempt)
             if item.env is None:
                 env.reset()  # stateless: the session reopens from its seed, in an external store too
             self._hold(
                 item.rollout_id,
-                Session(attempt=attempt, env=env, revision=item.revision, applied=set(item.applied)),
+                Session(
+                    attempt=attempt,
+                    env=env,
+                    revision=item.revision,
+                    applied=set(item.applied),
+                    alternative=item.before,
+                ),
             )
             self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
             self.counts["sessions_opened"] += 1
@@ -448,6 +535,16 @@ class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
     env_name: str
     seed: int
     applied: tuple[int, ...] = ()
+    before: SavedBefore | None = None  # the state before its latest boundary_before call (docs/workspace.md)
+
+
+class SavedBefore(msgspec.Struct, frozen=True, kw_only=True):
+    """A session as it was when a ``boundary_before`` call started."""
+
+    call_index: int
+    revision: int
+    applied: tuple[int, ...]
+    env: dict[str, Any]
 
 
 def _saved_sessions(resources: Resources) -> list[SavedSession]:
@@ -455,16 +552,24 @@ def _saved_sessions(resources: Resources) -> list[SavedSession]:
     saved = []
     for rollout_id in sorted(resources._live):  # the live ones only: never every session served
         session = resources.sessions[rollout_id]
-        exported = session.env.export(copy_state=False) if resources.mode == "exported" else None
+        revision, applied, before = session.revision, tuple(sorted(session.applied)), session.before
+        exported: dict[str, Any] | None = None
+        if resources.mode == "exported" and before is not None and session.running:
+            # Its boundary_before call is running: the snapshot keeps the session as that call found it
+            # (the directory is the command's meanwhile, and is not read).
+            revision, applied, exported, before = before.revision, before.applied, before.env, None
+        elif resources.mode == "exported":
+            exported = session.env.export(copy_state=False)
         saved.append(
             SavedSession(
                 rollout_id=rollout_id,
                 attempt=session.attempt,
-                revision=session.revision,
+                revision=revision,
                 env=exported,
                 env_name=session.env.name,
                 seed=session.env.seed,
-                applied=tuple(sorted(session.applied)),
+                applied=applied,
+                before=before if exported is not None else None,
             )
         )
     return saved

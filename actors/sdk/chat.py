@@ -42,7 +42,7 @@ def decode(token_ids: list[int] | tuple[int, ...]) -> str:
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A tool as the model sees it: ``name(arg:type, ...)``. Types: ``int``, ``word``, ``choice:a|b|c``."""
+    """A tool as the model sees it: ``name(arg:type, ...)``. Types: ``int``, ``word``, ``text``, ``path``, ``choice:a|b|c``."""
 
     name: str
     args: tuple[tuple[str, str], ...] = ()

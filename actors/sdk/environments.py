@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, TypeGuard, cast
 
 from parkway.actors.sdk.chat import ToolSpec
 
 # Bounds of a ``word`` argument: one token as a model writes it, not free text.
 MAX_WORD_LENGTH = 64
+# Bounds of a ``text`` argument (a file's contents, a command line) and of a ``path`` one.
+MAX_TEXT_LENGTH = 1 << 20
+MAX_PATH_LENGTH = 1024
 
 Record = list[tuple[str, dict[str, Any], dict[str, Any]]]
 
@@ -45,12 +49,18 @@ class CallAnswer:
 class ToolError(Exception):
     """A tool call the environment refuses (unknown tool, bad arguments, an illegal action).
 
-    It is the agent's mistake, not a protocol error: the tool server answers it as ``ok=False``.
+    It is the agent's mistake, not a protocol error: the tool server answers it as ``ok=False``, with
+    ``code`` beside the message when the environment gives one (``path_escapes``, ``timeout``, ...).
     """
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code
+
+    def output(self) -> dict[str, Any]:
+        """What the tool server answers: the message, and the code when there is one."""
+        return {"error": self.message} if self.code is None else {"error": self.message, "code": self.code}
 
 
 class Environment:
@@ -68,6 +78,13 @@ class Environment:
     # Where a session's state lives: "process" (``self.state``, exported as plain data by the base
     # class) or somewhere outside (a database), which must implement export and restore itself.
     state_lives_in: ClassVar[str] = "process"
+    # Tools whose method is a coroutine (a command that runs for seconds): the tool server awaits
+    # ``call_async`` for them, so other sessions' calls go on meanwhile.
+    async_tools: ClassVar[frozenset[str]] = frozenset()
+    # Tools whose call records the session's state before it starts (docs/workspace.md): the agent passes
+    # a boundary right before sending one and counts as parked while it runs, so a checkpoint does not
+    # wait for it; the snapshot keeps the session as it was when the call started.
+    boundary_before: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def exports_state(cls) -> bool:
@@ -96,6 +113,10 @@ class Environment:
         self.rollout_id = rollout_id
         self.attempt = attempt
 
+    def locate(self, home: Path) -> None:
+        """Where the tool server keeps this environment's files (its replica's own directory), given
+        before ``bind``. Environments that keep no files ignore it."""
+
     def reset(self) -> None:
         """A fresh session (a new attempt, a stateless reopen, a restart-only restart): the session's
         state becomes the seed's. In-process state already is (``__init__``); an external store must
@@ -113,6 +134,12 @@ class Environment:
         for in-process state itself. An external store overrides this to journal the call in the
         mutation's own transaction and to answer a key it has journaled from the journal."""
         return CallAnswer(self.apply(tool, arguments))
+
+    async def call_async(self, key: CallKey, tool: str, arguments: dict[str, Any]) -> CallAnswer:
+        """Run one call of an ``async_tools`` tool: its method is awaited."""
+        spec = self.spec(tool)
+        values = _check_arguments(spec, arguments)
+        return CallAnswer(await getattr(self, f"tool_{spec.name}")(**values))
 
     def close(self) -> None:
         """The session ended (verified, released, retired, superseded or forgotten): release what it
@@ -263,6 +290,19 @@ def _check_value(spec: ToolSpec, name: str, kind: str, value: object) -> Any:
             raise ToolError(
                 f"{spec.signature()}: {name!r} must be one word (1..{MAX_WORD_LENGTH} printable characters, "
                 f"no spaces), not {value!r}"
+            )
+        return value
+    if kind == "text":
+        if not isinstance(value, str) or len(value) > MAX_TEXT_LENGTH:
+            raise ToolError(
+                f"{spec.signature()}: {name!r} must be a string of at most {MAX_TEXT_LENGTH} characters"
+            )
+        return value
+    if kind == "path":
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_PATH_LENGTH or not value.isprintable():
+            raise ToolError(
+                f"{spec.signature()}: {name!r} must be a path (1..{MAX_PATH_LENGTH} printable characters), "
+                f"not {value!r:.200}"
             )
         return value
     if kind.startswith("choice:"):
