@@ -226,7 +226,8 @@ class Broker(ABC):
         self._client_id = uuid.uuid4().hex[:12]
         self.duplicate_replies = 0  # replies to requests that were already answered
         self.late_replies = 0  # replies that came after their request's deadline
-        self.duplicate_reply_ids: list[str] = []  # correlation ids of the duplicates, for diagnosis
+        # Correlation ids of the latest duplicates, for diagnosis (bounded: a long run has many).
+        self.duplicate_reply_ids: collections.deque[str] = collections.deque(maxlen=1000)
         self.reconnects = 0
 
     async def __aenter__(self) -> Broker:

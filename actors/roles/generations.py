@@ -4,11 +4,19 @@ after the last snapshot) is still counted when the run is restored and redoes it
 
 A line is ``<rollout id> <call index>``. Counts are of the newest session of the run (the session tag
 of its group ids, ``ids.task_group_id``): a session started afresh starts counting from zero.
+
+The file is append-only between compactions: once it holds many more lines than there are per-turn
+counts still kept (``forget`` drops those of finished rollouts), it is rewritten as one totals line
+(``#totals <session> <total> <repeated>``, the generations of rollouts no longer counted per turn) and
+the lines of the turns still counted, atomically. So it is bounded by the rollouts in flight. A
+``-<rollout id>`` line records a ``forget``, so a restarted policy does not count that rollout per turn
+again.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 from pathlib import Path
 from typing import TextIO
 
@@ -19,6 +27,10 @@ from parkway.protocol.layout import POLICY_GENERATIONS_FILE as GENERATIONS_FILE
 log = structlog.get_logger("parkway.policy")
 
 __all__ = ["GENERATIONS_FILE", "GenerationRecords", "session_of"]
+
+TOTALS = "#totals"
+FORGOTTEN = "-"  # ``-<rollout id>``: its per-turn counts were dropped (``forget``)
+COMPACT_MIN_LINES = 20_000  # below this many lines the file is never rewritten
 
 
 def session_of(rollout_id: str) -> int:
@@ -39,6 +51,8 @@ class GenerationRecords:
         self.total = 0
         self.repeated = 0  # generations of a (rollout, turn) generated before
         self._file: TextIO | None = None
+        self._journal = journal
+        self._lines = 0  # lines in the file since it was last rewritten
         if journal is not None:
             self._load(journal)
             journal.parent.mkdir(parents=True, exist_ok=True)
@@ -48,11 +62,29 @@ class GenerationRecords:
         if not journal.exists():
             return
         for number, line in enumerate(journal.read_text(encoding="ascii", errors="replace").splitlines()):
+            self._lines += 1
+            if line.startswith(TOTALS):
+                self._load_totals(number, line)
+                continue
+            if line.startswith(FORGOTTEN):
+                self._drop_turns(line[len(FORGOTTEN) :])
+                continue
             rollout, _, turn = line.partition(" ")
             if not turn.isdigit():  # a line cut short by a crash while it was written
                 log.warning("generation_record_skipped", line=number + 1, text=line[:80])
                 continue
             self._count(rollout, int(turn))
+
+    def _load_totals(self, number: int, line: str) -> None:
+        fields = line.split()[1:]
+        if len(fields) != 3 or not all(f.isdigit() for f in fields):
+            log.warning("generation_record_skipped", line=number + 1, text=line[:80])
+            return
+        session, total, repeated = (int(f) for f in fields)
+        if session >= self.session:
+            self.session, self.total, self.repeated = session, total, repeated
+            self.turns.clear()
+            self._turns_of.clear()
 
     def _count(self, rollout_id: str, turn: int) -> None:
         session = session_of(rollout_id)
@@ -81,9 +113,18 @@ class GenerationRecords:
     def forget(self, rollout_ids: set[str]) -> None:
         """Drop the per-turn counts of finished rollouts: their generations stay in the totals, and a
         forgotten rollout is never generated again (the participant's fence refuses it)."""
-        for rollout_id in rollout_ids:
-            for turn in self._turns_of.pop(rollout_id, ()):
-                self.turns.pop((rollout_id, turn), None)
+        dropped = [rollout_id for rollout_id in sorted(rollout_ids) if self._drop_turns(rollout_id)]
+        if self._file is not None and dropped:
+            # Written too, so a restarted policy does not count them per turn again.
+            self._file.write("".join(f"{FORGOTTEN}{rollout_id}\n" for rollout_id in dropped))
+            self._file.flush()
+            self._lines += len(dropped)
+
+    def _drop_turns(self, rollout_id: str) -> bool:
+        turns = self._turns_of.pop(rollout_id, None)
+        for turn in turns or ():
+            self.turns.pop((rollout_id, turn), None)
+        return turns is not None
 
     def generated(self, rollout_id: str, turn: int) -> None:
         """The engine finished a generation of this rollout's turn: recorded before anything else."""
@@ -93,6 +134,29 @@ class GenerationRecords:
             # loses the newest lines of a count that is a report, not state.
             self._file.write(f"{rollout_id} {turn}\n")
             self._file.flush()
+            self._lines += 1
+            if self._lines > max(COMPACT_MIN_LINES, 4 * len(self.turns)):
+                self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the file as the totals of what is no longer counted per turn, then each turn still
+        counted (as often as it was generated); written aside, fsynced, then renamed over the old."""
+        if self._journal is None or self._file is None:
+            return
+        kept = sum(self.turns.values())
+        repeated_kept = sum(count - 1 for count in self.turns.values())
+        lines = [f"{TOTALS} {self.session} {self.total - kept} {self.repeated - repeated_kept}\n"]
+        for (rollout_id, turn), count in self.turns.items():
+            lines.extend([f"{rollout_id} {turn}\n"] * count)
+        tmp = self._journal.with_suffix(".tmp")
+        with tmp.open("w", encoding="ascii") as handle:
+            handle.writelines(lines)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._file.close()
+        os.replace(tmp, self._journal)
+        self._file = self._journal.open("a", encoding="ascii")
+        self._lines = len(lines)
 
     def close(self) -> None:
         if self._file is not None:

@@ -33,6 +33,8 @@ from typing import Any
 
 import msgspec
 import structlog
+from parkway.actors.roles import long_calls
+from parkway.actors.roles.long_calls import SavedBefore
 from parkway.actors.runtime.forgetting import AttemptKey
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.actors.sdk.environments import CallAnswer, CallKey, Environment, Record, ToolError
@@ -139,11 +141,11 @@ class Resources(Participant):
         session = self._session_for(call)
         key = (call.attempt, call.call_index)
         if session.alternative is not None:
-            self._take_alternative(call, session)
+            long_calls.take_alternative(self, call, session)
         if session.before is not None and call.call_index > session.before.call_index:
             session.before = None  # a later call: the boundary before that one no longer matters
         if not session.retired and call.tool in session.env.async_tools and key not in session.results:
-            return await self._run_async(session, call, key)
+            return await long_calls.run_async(self, session, call, key)
         if session.retired:
             result = self._after_retirement(session, call)
         elif call.tool == RELEASE:
@@ -224,55 +226,6 @@ class Resources(Participant):
             session.env.close()
         self._live.discard(rollout_id)
         self._retired_order.pop(rollout_id, None)
-
-    def _take_alternative(self, call: ToolCall, session: Session) -> None:
-        alternative, session.alternative = session.alternative, None
-        if alternative is None or call.call_index != alternative.call_index:
-            return
-        env = self.environment(session.env.name).restore(alternative.env)
-        session.env.close()
-        env.locate(self.files_home)
-        env.bind(call.rollout_id, session.attempt)
-        session.env, session.revision, session.applied = env, alternative.revision, set(alternative.applied)
-
-    async def _run_async(self, session: Session, call: ToolCall, key: tuple[int, int]) -> ToolResult:
-        """A call of an ``async_tools`` tool: awaited, while other calls go on; a second delivery while it
-        runs waits for the first. A ``boundary_before`` tool's session is exported first."""
-        if key in session.running:
-            self.counts["tool_duplicates"] += 1
-            return await asyncio.shield(session.running[key])
-        future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
-        session.running[key] = future
-        try:
-            if call.tool in session.env.boundary_before:
-                session.before = SavedBefore(
-                    call_index=call.call_index,
-                    revision=session.revision,
-                    applied=tuple(sorted(session.applied)),
-                    env=session.env.export(),
-                )
-            try:
-                answer = await session.env.call_async(
-                    CallKey(call.rollout_id, call.attempt, call.call_index), call.tool, dict(call.arguments)
-                )
-            except ToolError as err:
-                result = self._result(session, call, ok=False, output=err.output())
-            else:
-                if self.sessions.get(call.rollout_id) is not session or session.retired:
-                    raise ProtocolError(
-                        ErrorCode.STALE_ATTEMPT,
-                        f"{call.rollout_id} attempt {call.attempt} ended while it ran",
-                    )
-                result = self._answered(session, call, answer)
-            session.results[key] = (call, result)
-            future.set_result(result)
-            return result
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: a lone delivery leaves no one else to
-            raise
-        finally:
-            session.running.pop(key, None)
 
     def open_session(self, call: ToolCall) -> Session:
         """A fresh session for the first call of an attempt: a live retry starts from the prompt, so
@@ -536,15 +489,6 @@ class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
     seed: int
     applied: tuple[int, ...] = ()
     before: SavedBefore | None = None  # the state before its latest boundary_before call (docs/workspace.md)
-
-
-class SavedBefore(msgspec.Struct, frozen=True, kw_only=True):
-    """A session as it was when a ``boundary_before`` call started."""
-
-    call_index: int
-    revision: int
-    applied: tuple[int, ...]
-    env: dict[str, Any]
 
 
 def _saved_sessions(resources: Resources) -> list[SavedSession]:

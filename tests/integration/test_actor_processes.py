@@ -44,7 +44,7 @@ async def test_sigkill_while_handling_redelivers_and_executes_once(spawn, client
     assert (reply.pid, reply.executions) == (second.pid, 1)  # the restarted process ran it, once
     assert probe_lines(tmp_path, "tq", "kill-1") == [f"kill-1 {second.pid}"]
     await status_of(client, "tq/0")  # a later round trip with the same process: an extra reply would be here
-    assert client.broker.duplicate_reply_ids == []
+    assert list(client.broker.duplicate_reply_ids) == []
 
 
 async def test_sigkill_after_the_reply_is_journaled_is_answered_from_the_journal(
@@ -67,7 +67,7 @@ async def test_sigkill_after_the_reply_is_journaled_is_answered_from_the_journal
     assert probe_lines(tmp_path, "tq", "kill-2") == [f"kill-2 {doomed.pid}"]
     status = await status_of(client, "tq/0")
     assert status.pid == survivor.pid and status.counts.get("replayed") == 1 and "Probe" not in status.counts
-    assert client.broker.duplicate_reply_ids == []
+    assert list(client.broker.duplicate_reply_ids) == []
 
 
 async def test_sigterm_finishes_the_handler_in_progress_and_exits_cleanly(spawn, client: Client) -> None:

@@ -123,7 +123,7 @@ async def test_actors_answer_requests_after_a_broker_restart(node: RabbitNode, t
                     assert reply.pid == started[replica].pid  # the same process, not a restarted one
             assert len(probe_lines(tmp_path, "during")) == 1  # executed once, before the restart
             assert all(actor.alive() for actor in started)
-            assert broker.duplicate_reply_ids == []
+            assert list(broker.duplicate_reply_ids) == []
             assert "Task exception was never retrieved" not in started[1].log_text()
     finally:
         for actor in started:

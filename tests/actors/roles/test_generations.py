@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from parkway.actors.roles import generations
 from parkway.actors.roles.generations import GenerationRecords, session_of
 
 
@@ -40,3 +42,40 @@ def test_a_snapshots_totals_are_adopted_only_when_they_know_more() -> None:
     assert (records.total, records.repeated) == (12, 2)
     records.adopt(0, 5, 0)  # a journal that knows more keeps its own
     assert (records.total, records.repeated) == (12, 2)
+
+
+def test_the_file_is_compacted_to_the_turns_still_counted_and_keeps_its_totals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(generations, "COMPACT_MIN_LINES", 10)
+    journal = tmp_path / "generations.log"
+    records = GenerationRecords(journal)
+    for index in range(30):
+        rollout = f"t{index:04d}s5_g0"
+        records.generated(rollout, 0)
+        records.generated(rollout, 1)
+        if index % 3 == 0:
+            records.generated(rollout, 1)  # regenerated
+        if index < 29:
+            records.forget({rollout})  # finished: only the totals keep it
+    records.generated("t0029s5_g0", 1)
+    assert (records.session, records.total, records.repeated) == (5, 71, 11)
+    lines = journal.read_text().splitlines()
+    # Bounded by what is still counted per turn, not by the 71 generations written.
+    assert len(lines) <= 4 * 2 + 10
+    assert lines[0].startswith("#totals 5 ")
+    again = GenerationRecords(journal)
+    assert (again.session, again.total, again.repeated) == (5, 71, 11)
+    assert again.turns == records.turns == {("t0029s5_g0", 0): 1, ("t0029s5_g0", 1): 2}
+    again.generated("t0029s5_g0", 2)
+    assert (again.total, again.repeated) == (72, 11)
+    records.close()
+    again.close()
+
+
+def test_a_malformed_totals_line_is_skipped(tmp_path: Path) -> None:
+    journal = tmp_path / "generations.log"
+    journal.write_text("#totals five 1 2\nt0000_g0 0\n")
+    records = GenerationRecords(journal)
+    assert (records.total, records.repeated) == (1, 0)
+    records.close()
