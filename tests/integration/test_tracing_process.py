@@ -110,7 +110,8 @@ async def test_one_trace_per_snapshot_across_every_process_and_a_rollout_across_
             assert (
                 parent.service == "parkway-controller" and span.service != parent.service
             )  # across processes
-            assert span.attrs["parkway.checkpoint_id"] == cid
+            if span.name != "Ack":  # the acks the ack_drain step sends are data, with no checkpoint id
+                assert span.attrs["parkway.checkpoint_id"] == cid, (span.name, parent.name)
             handled[span.name].add(span.attrs["parkway.actor"])
             assert parent.name == {"Prepare": "prepare", "Commit": "commit", "Resume": "resume"}.get(
                 span.name, parent.name
