@@ -88,6 +88,13 @@ class TrainerConfig(_Section, frozen=True):
     # Admit groups in whole batches of batch_groups, the next only once the last is trained and its
     # weights loaded: every generation's weights follow from its batch index (a deterministic run).
     on_policy: bool = False
+    # Groups sealed and not yet trained (waiting, or in the step being trained) at which admission
+    # stops until the trainer catches up: a trainer slower than generation would otherwise leave an
+    # ever longer backlog in the ledger, in TQ and in every snapshot. None: max(16, 2 x batch_groups).
+    max_untrained_groups: int | None = None
+
+    def untrained_bound(self) -> int:
+        return self.max_untrained_groups or max(16, 2 * self.batch_groups)
 
 
 class FaultsConfig(_Section, frozen=True):
@@ -266,6 +273,12 @@ def check(config: RunConfig) -> None:
     if config.policy.engine == "vllm" and not config.policy.model:
         problems.append(
             "policy.model: the vllm engine needs a model directory (parkway model build DIR makes one)"
+        )
+    untrained = config.trainer.max_untrained_groups
+    if untrained is not None and untrained < config.trainer.batch_groups:
+        problems.append(
+            f"trainer.max_untrained_groups: {untrained} is fewer than trainer.batch_groups "
+            f"({config.trainer.batch_groups}): no batch could ever fill"
         )
     if config.recovery.target_level == "prefix":
         # Refused until it is built: accepting it would silently give exactly what `turn` gives.

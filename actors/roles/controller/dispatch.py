@@ -21,7 +21,7 @@ from parkway.actors.runtime.history import History
 from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.protocol.history import Dispatched, RolloutStalled
 from parkway.protocol.ids import Role, actor_address, capture_key, rollout_id, task_group_id
-from parkway.protocol.ledger import Granularity
+from parkway.protocol.ledger import Granularity, GroupState
 from parkway.protocol.messages import Failed, Run, TaskOptions
 
 log = structlog.get_logger("parkway.controller")
@@ -48,6 +48,7 @@ class Dispatcher:
         self._config, self._tasks, self._holds = config, tasks, holds
         self._faults = {(r, a): t for r, a, t in map(parse_fault, config.faults.fail_attempts)}
         self._dispatched_at: dict[tuple[str, int], tuple[float, float]] = {}  # -> (monotonic, paused then)
+        self._waiting_for_trainer = False
         # The run loop and (on-policy) the watchdog's tick both dispatch: one at a time, or a sibling
         # reserved when both looked would go out twice.
         self._dispatching = asyncio.Lock()
@@ -75,6 +76,8 @@ class Dispatcher:
         if config.trainer.on_policy:
             self._admit_batch()
             return
+        if self._trainer_behind():
+            return
         size = config.rollout.group_size
         want = config.rollout.max_in_flight - state.ledger.in_flight()
         waiting = len(state.ledger.reserved())
@@ -84,6 +87,18 @@ class Dispatcher:
             state.ledger.add_group(state.group_id(index), index, size, granularity)
             state.next_task += 1
             waiting += size
+
+    def _trainer_behind(self) -> bool:
+        """Backpressure: as many groups sealed and not yet trained as ``trainer.max_untrained_groups``
+        hold admission back (training a batch wakes the loop again). Said once per wait."""
+        bound = self._config.trainer.untrained_bound()
+        untrained = sum(1 for g in self._state.ledger.groups.values() if g.state is not GroupState.GENERATING)
+        behind = untrained >= bound
+        if behind and not self._waiting_for_trainer:
+            self._counts["admission_waits_for_trainer"] += 1
+            log.info("admission_waits_for_trainer", untrained_groups=untrained, bound=bound)
+        self._waiting_for_trainer = behind
+        return behind
 
     def _admit_batch(self) -> None:
         """On-policy: the next whole batch of ``trainer.batch_groups`` groups, once the ledger is empty.

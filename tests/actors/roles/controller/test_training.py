@@ -13,10 +13,11 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
 from parkway.actors.builtin.trainers import ExampleTrainer
 from parkway.actors.launch.workload import embedded_actors
 from parkway.actors.roles.controller.controller import Controller, RunSummary
-from parkway.actors.run.config import RunConfig, from_dict
+from parkway.actors.run.config import ConfigError, RunConfig, from_dict
 from parkway.actors.run.tasks import load_tasks
 from parkway.actors.sdk.trainer import GroupResult, Trainer, TrainStep
 from parkway.actors.storage.trainer import TrainerRecords
@@ -155,3 +156,47 @@ async def test_training_does_not_block_the_controller(tmp_path: Path) -> None:
         await asyncio.gather(workload, return_exceptions=True)
     assert summary.rollouts_sealed == 9 and summary.snapshots_published >= 1
     assert [s for s, _ in trainer_steps(tmp_path)] == [1, 2, 3]
+
+
+async def test_a_trainer_behind_holds_admission_at_the_bound_of_untrained_groups(tmp_path: Path) -> None:
+    """Backpressure: with step 1 held, admission stops once ``trainer.max_untrained_groups`` (2) groups
+    are sealed and not trained; the group already admitted (one group in flight at a time) still
+    finishes, and none after it is admitted, however long the trainer takes. Released, the run admits
+    again and trains every group once."""
+    rollout = {**CONFIG["rollout"], "max_in_flight": 3}
+    data = {
+        **CONFIG,
+        "tasks": {"builtin": "bank", "limit": 4},
+        "rollout": rollout,
+        "trainer": {"batch_groups": 1, "max_untrained_groups": 2},
+        "snapshot_interval_s": 0.05,
+    }
+    config = from_dict(data)
+    gated = GatedTrainer()
+    controller, workload = await run_on(config, tmp_path, gated)
+    try:
+        await until_called(gated, 1)
+        while controller.counts["rollouts_sealed"] < 9:  # noqa: ASYNC110 - another task's counters
+            await asyncio.sleep(0.01)
+        assert controller.counts["admission_waits_for_trainer"] == 1
+        for _ in range(5):  # the run loop woken again and again: admission stays held
+            controller._wake.set()
+            await asyncio.sleep(0.02)
+        assert controller.state.next_task == 3 and len(controller.state.ledger.groups) == 3
+        assert controller.counts["rollouts_sealed"] == 9 and gated.calls == 1
+        gated.open()
+        summary = await workload
+    finally:
+        gated.open()
+        if not workload.done():
+            workload.cancel()
+        await asyncio.gather(workload, return_exceptions=True)
+    assert summary.rollouts_sealed == 12
+    assert [s for s, _ in trainer_steps(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_a_bound_below_one_batch_is_refused() -> None:
+    with pytest.raises(
+        ConfigError, match=r"trainer\.max_untrained_groups: 1 is fewer than trainer\.batch_groups"
+    ):
+        from_dict({"trainer": {"batch_groups": 2, "max_untrained_groups": 1}})
