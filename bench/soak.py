@@ -347,7 +347,11 @@ def main() -> None:
     began = common.machine()
     result = asyncio.run(measure(args))
     memory = memory_rows(result, args.warmup)
-    steps = step_rows(result["snapshots"])
+    # The snapshots taken while rollouts ran: once the last one is sealed the run drains, and the
+    # snapshots of an idle cluster would flatter the last tenth.
+    total = result["rollouts_sealed"]
+    running = [r for r in result["snapshots"] if r.get("rollouts_sealed", total) < total]
+    steps = step_rows(running or result["snapshots"])
     checks = criteria(memory, steps)
     loads = [s["load_1m"] for s in result["samples"]]
     load = {"p50": statistics.median(loads), "max": max(loads)} if loads else {}
