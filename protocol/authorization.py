@@ -33,6 +33,7 @@ SENDERS: dict[str, frozenset[str]] = {
     "Status": _ALL,
     "Discover": _ALL,
     "Probe": _ALL,
+    "MemoryReport": _CONTROLLER,  # what a process holds, its code's lines: an operator with that key
     # data
     "Run": _CONTROLLER,  # controller -> agent: a rollout to run
     "Ack": _CONTROLLER,  # controller -> agent: receipts recorded
@@ -61,6 +62,7 @@ REPLIES: frozenset[str] = frozenset(
         "SnapshotTaken",
         "WeightsLoaded",
         "ProbeResult",
+        "MemoryUsage",
         "Generated",
         "ToolResult",
         "CanonicalRows",

@@ -15,22 +15,19 @@ import typing
 from typing import Annotated
 
 import msgspec
-from parkway.protocol import SCHEMA_VERSION, ranges
+from parkway.protocol import ranges
 from parkway.protocol.errors import ErrorCode
-from parkway.protocol.ids import is_valid_checkpoint_id
+from parkway.protocol.inspection import Allocation as Allocation
+from parkway.protocol.inspection import MemoryReport, MemoryUsage
 from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
+from parkway.protocol.message_base import ControlCommand as ControlCommand
+from parkway.protocol.message_base import Message as Message
 from parkway.protocol.snapshot_failures import SnapshotHealth
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
 MAX_TOKEN_ID = ranges.MAX_TOKEN_ID  # numeric fields are typed with their ranges, checked at decode
 # The timeline a data message belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
 Epoch = ranges.Count
-
-
-class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
-    """Base of every message. Subclasses are tagged with their class name."""
-
-    v: int = SCHEMA_VERSION
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,15 +93,6 @@ def _check_tokens(what: str, token_ids: tuple[int, ...]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Control commands (controller or CLI -> participant). Correlation id = checkpoint id.
-
-
-class ControlCommand(Message, frozen=True, kw_only=True):
-    checkpoint_id: str
-    deadline: ranges.Deadline
-
-    def __post_init__(self) -> None:
-        if not is_valid_checkpoint_id(self.checkpoint_id):
-            raise ValueError(f"checkpoint_id {self.checkpoint_id!r} is not a valid checkpoint id")
 
 
 class Discover(ControlCommand, frozen=True, kw_only=True):
@@ -260,6 +248,7 @@ class StatusReport(Message, frozen=True, kw_only=True):
     counts: dict[str, int] = {}
     epoch: Epoch = 0  # a participant's: the newest epoch a Restore named
     snapshots: SnapshotHealth | None = None  # the controller's: newest snapshot, last failure
+    structures: dict[str, ranges.Count] = {}  # entries per named per-rollout structure (structure_sizes)
 
 
 class Prepared(Message, frozen=True, kw_only=True):
@@ -583,6 +572,8 @@ AnyMessage = (
     | Completed
     | Ack
     | Failed
+    | MemoryReport
+    | MemoryUsage
 )
 
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in typing.get_args(AnyMessage)}

@@ -5,7 +5,9 @@ longer than a broker should hold a message). The attempt (``attempt.py``) runs a
 (a plugin, ``sdk/plugins.py``) through a ``RolloutContext``; its end is a receipt for the controller, ``Completed`` or ``Failed``,
 kept and re-sent until the controller acknowledges it (``Ack``, idempotent), the pause doubling up to a
 cap, and given up after a bound (``ReceiptResend``: counted, logged). ``Retire`` stops
-attempts the controller gave up on and releases their tool sessions.
+attempts the controller gave up on and releases their tool sessions. ``Forget`` (the rollout is sealed
+and its receipt acknowledged) drops what is left of its attempts; a late ``Run`` of one is refused.
+What each structure holds and its bound: docs/memory.md.
 
 Checkpoints. A rollout is parked when it waits at a boundary (before a model call, after a tool round)
 or waits for a model reply issued right after one. Prepare holds every rollout at its next boundary
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from typing import Any
 import msgspec
 import structlog
 from parkway.actors.roles.attempt import PARKED_STATES, Attempt, received
+from parkway.actors.runtime.forgetting import AttemptKey
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.actors.runtime.settings import ReceiptResend
 from parkway.actors.sdk.environments import Environment
@@ -56,8 +60,6 @@ from parkway.protocol.transcript import SavedRollout
 
 log = structlog.get_logger("parkway.agent")
 
-AttemptKey = tuple[str, int]
-
 
 class Agent(Participant):
     role = Role.AGENT
@@ -82,7 +84,9 @@ class Agent(Participant):
         self.resend = resend if resend is not None else ReceiptResend.from_env()
         self.running: dict[AttemptKey, asyncio.Task[None]] = {}
         self.live: dict[AttemptKey, Attempt] = {}
-        self.latest_attempt: dict[str, int] = {}
+        # rollout id -> its newest attempt here, so a redelivered Run of an older one never starts;
+        # until Forget, and bounded by the fence size beyond the attempts running (oldest first).
+        self.latest_attempt: OrderedDict[str, int] = OrderedDict()
         # Each receipt not acknowledged yet, and when (monotonic) it is sent again.
         self.unacked: dict[AttemptKey, tuple[Completed | Failed, float]] = {}
         self.resends: dict[AttemptKey, int] = {}  # how often each unacknowledged receipt was sent again
@@ -129,6 +133,10 @@ class Agent(Participant):
     # -- handlers ------------------------------------------------------------------------------
     async def on_run(self, run: Run) -> None:
         key = (run.rollout_id, run.attempt)
+        if key in self.forgotten:  # a late duplicate of a rollout sealed and forgotten: never again
+            self.counts["runs_forgotten"] += 1
+            self.history.record(received(run, "stale"))
+            return
         if run.epoch < self.epoch or key in self.retired:
             self.counts["runs_stale"] += 1  # from an older controller incarnation, or a replaced attempt
             self.history.record(received(run, "stale"))
@@ -142,7 +150,7 @@ class Agent(Participant):
             self.counts["runs_duplicate"] += 1  # redelivered: the attempt exists or was replaced
             self.history.record(received(run, "duplicate"))
             return
-        self.latest_attempt[run.rollout_id] = run.attempt
+        self._remember_latest(run.rollout_id, run.attempt)
         self.history.record(received(run, "accepted", run.task.continue_from))
         continuing = run.task.continue_from is not None
         replay = self.continuations.pop(run.rollout_id, None) if continuing else None
@@ -157,6 +165,37 @@ class Agent(Participant):
             self.state_changed()
 
         task.add_done_callback(finished)
+
+    def _remember_latest(self, rollout_id: str, attempt: int) -> None:
+        self.latest_attempt[rollout_id] = attempt
+        self.latest_attempt.move_to_end(rollout_id)
+        # Rollouts the controller never forgets (it is down, its Forget was lost) are bounded: the
+        # oldest records go first; a rollout still running is never among them (it is the newest).
+        bound = self.forgotten.capacity + len(self.running) + 1
+        while len(self.latest_attempt) > bound:
+            self.latest_attempt.popitem(last=False)
+
+    def forget_attempts(self, keys: list[AttemptKey]) -> None:
+        """Sealed and acknowledged (or given up on): its records go; the fence refuses a late Run."""
+        for rollout_id, attempt in keys:
+            key = (rollout_id, attempt)
+            self.unacked.pop(key, None)
+            self.resends.pop(key, None)
+            if self.latest_attempt.get(rollout_id, attempt + 1) <= attempt:
+                del self.latest_attempt[rollout_id]
+            saved = self.continuations.get(rollout_id)
+            if saved is not None and saved.run.attempt <= attempt:
+                del self.continuations[rollout_id]
+
+    def structure_sizes(self) -> dict[str, int]:
+        return {
+            **super().structure_sizes(),
+            "attempts_running": len(self.running),
+            "latest_attempt": len(self.latest_attempt),
+            "unacked": len(self.unacked),
+            "resends": len(self.resends),
+            "continuations": len(self.continuations),
+        }
 
     async def on_ack(self, ack: Ack) -> None:
         for ref in ack.receipts:
@@ -225,6 +264,9 @@ class Agent(Participant):
         await asyncio.gather(*zombies, return_exceptions=True)
         self.unacked.clear()
         self.resends.clear()
+        # The dead timeline's records go: the restored ledger gives attempt numbers out again.
+        self.latest_attempt.clear()
+        self.continuations.clear()
         self.counts["runs_stopped_at_restore"] += len(zombies)
         continuing = {e.rollout_id: e.attempt for e in command.episodes if e.replica == self.replica}
         restored = []
@@ -233,7 +275,7 @@ class Agent(Participant):
             if attempt is None:
                 continue
             self.continuations[item.run.rollout_id] = item
-            self.latest_attempt[item.run.rollout_id] = attempt  # attempt N+1 may start; N is fenced
+            self._remember_latest(item.run.rollout_id, attempt)  # attempt N+1 may start; N is fenced
             restored.append(AttemptRef(rollout_id=item.run.rollout_id, attempt=attempt))
             self.history.record(
                 ContinuationRestored(

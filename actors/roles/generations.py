@@ -35,6 +35,7 @@ class GenerationRecords:
     def __init__(self, journal: Path | None = None) -> None:
         self.session = 0
         self.turns: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._turns_of: dict[str, set[int]] = {}  # rollout id -> its turns counted in ``turns``
         self.total = 0
         self.repeated = 0  # generations of a (rollout, turn) generated before
         self._file: TextIO | None = None
@@ -60,8 +61,10 @@ class GenerationRecords:
         if session > self.session:  # a new session of the run: its ids are new, so are its counts
             self.session = session
             self.turns.clear()
+            self._turns_of.clear()
             self.total = self.repeated = 0
         self.turns[(rollout_id, turn)] += 1
+        self._turns_of.setdefault(rollout_id, set()).add(turn)
         self.total += 1
         if self.turns[(rollout_id, turn)] > 1:
             self.repeated += 1
@@ -73,6 +76,14 @@ class GenerationRecords:
         if session > self.session or (session == self.session and total > self.total):
             self.session, self.total, self.repeated = session, total, repeated
             self.turns.clear()
+            self._turns_of.clear()
+
+    def forget(self, rollout_ids: set[str]) -> None:
+        """Drop the per-turn counts of finished rollouts: their generations stay in the totals, and a
+        forgotten rollout is never generated again (the participant's fence refuses it)."""
+        for rollout_id in rollout_ids:
+            for turn in self._turns_of.pop(rollout_id, ()):
+                self.turns.pop((rollout_id, turn), None)
 
     def generated(self, rollout_id: str, turn: int) -> None:
         """The engine finished a generation of this rollout's turn: recorded before anything else."""

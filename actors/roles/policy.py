@@ -252,7 +252,20 @@ class Policy(Participant):
         self.counts["generations"] = self.generations.total
         self.counts["generations_repeated"] = self.generations.repeated
 
+    def forget_attempts(self, keys: list[tuple[str, int]]) -> None:
+        """Sealed rollouts' per-turn counts fold into the totals (``generations_repeated`` stays exact)."""
+        self.generations.forget({rollout_id for rollout_id, _ in keys})
+
+    def structure_sizes(self) -> dict[str, int]:
+        return {
+            **super().structure_sizes(),
+            "generating": len(self._generating),
+            "held": len(self._held),
+            "generation_turns": len(self.generations.turns),
+        }
+
     def _refuse_retired(self, attempt: tuple[str, int], restores: int | None = None) -> None:
+        self.refuse_forgotten(*attempt)
         if attempt in self.retired:
             self.history.record(Refused(rollout_id=attempt[0], attempt=attempt[1], code="stale_attempt"))
             raise ProtocolError(ErrorCode.STALE_ATTEMPT, f"attempt {attempt[1]} of {attempt[0]} is retired")

@@ -10,8 +10,12 @@ later calls of an attempt it no longer holds are refused (``stale_attempt``) rat
 fresh state that silently lacks the mutations applied before.
 
 Two tool names are reserved: ``verify`` scores the session from the agent's record and retires it,
-``release`` retires it without a score. A retired attempt stays fenced (late calls get
-``stale_attempt``) until the controller's ``Forget``; a repeated verify or release gets the same answer.
+``release`` retires it without a score. A retired session keeps only its ending (a repeated verify or
+release gets the same answer) until the controller's ``Forget`` drops it; from then on only the
+attempt's id stays, in the participant's bounded fence, and a late call of it gets ``stale_attempt``
+(never a fresh session). Retired sessions the controller never forgets are bounded too: beyond
+``PARKWAY_FORGET_FENCE`` of them the oldest go (their ids stay fenced). A snapshot and a prepare look at
+the live sessions only, never at every session served (docs/memory.md).
 
 Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mistakes, answered as
 ``ToolResult(ok=False)``; protocol errors (stale attempt, unknown environment) are ``Error`` replies.
@@ -20,6 +24,7 @@ Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mi
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +32,7 @@ from typing import Any
 
 import msgspec
 import structlog
+from parkway.actors.runtime.forgetting import AttemptKey
 from parkway.actors.runtime.participant import ParkReport, Participant
 from parkway.actors.sdk.environments import CallKey, Environment, Record, ToolError
 from parkway.actors.sdk.plugins import Kind, find_environment, installed_names
@@ -44,7 +50,6 @@ from parkway.protocol.messages import (
     AttemptRef,
     Commit,
     FileDigest,
-    Forget,
     Message,
     Restore,
     Retire,
@@ -98,8 +103,10 @@ class Resources(Participant):
         # The run's environments by name (its configuration's plugins); None: any installed one.
         self.environments = dict(environments) if environments is not None else None
         self.tool_delay_s = tool_delay_s  # simulated duration of each tool call (benchmarks, demos)
-        # rollout id -> its newest attempt's session; a retired one stays as a fence until Forget.
+        # rollout id -> its newest attempt's session; a retired one keeps its ending until Forget.
         self.sessions: dict[str, Session] = {}
+        self._live: set[str] = set()  # rollouts whose session is not retired: what snapshots cover
+        self._retired_order: OrderedDict[str, None] = OrderedDict()  # retired sessions, oldest first
         self.handlers[ToolCall] = self.on_tool_call
 
     # -- the tool call -------------------------------------------------------------------------
@@ -128,6 +135,7 @@ class Resources(Participant):
 
     def _session_for(self, call: ToolCall) -> Session:
         """The session this call belongs to, opening (or replacing) it for a new attempt."""
+        self.refuse_forgotten(call.rollout_id, call.attempt)  # finished and forgotten: never reopened
         session = self.sessions.get(call.rollout_id)
         if session is not None and call.attempt < session.attempt:
             raise ProtocolError(
@@ -144,7 +152,7 @@ class Resources(Participant):
             if reattached is not None:
                 if session is not None and not session.retired:
                     session.env.close()
-                session = self.sessions[call.rollout_id] = reattached
+                session = self._hold(call.rollout_id, reattached)
                 self.counts["sessions_reattached"] += 1
             elif call.call_index > 0 and call.tool != RELEASE:
                 # A session opens at its attempt's first call. One that arrives mid-way belongs to a
@@ -160,7 +168,7 @@ class Resources(Participant):
                 if session is not None and not session.retired:
                     self.counts["sessions_retired"] += 1  # superseded by the newer attempt
                     session.env.close()
-                session = self.sessions[call.rollout_id] = fresh
+                session = self._hold(call.rollout_id, fresh)
                 self.counts["sessions_opened"] += 1
                 self.history.record(
                     SessionOpened(
@@ -174,6 +182,22 @@ class Resources(Participant):
                 f"{session.env.seed}, not {call.env} with seed {call.seed}",
             )
         return session
+
+    def _hold(self, rollout_id: str, session: Session) -> Session:
+        """Make ``session`` the rollout's (live), in place of whatever it held."""
+        self.sessions[rollout_id] = session
+        self._live.add(rollout_id)
+        self._retired_order.pop(rollout_id, None)
+        return session
+
+    def _drop(self, rollout_id: str) -> None:
+        """Let go of the rollout's session entirely (its env closed if it was still open)."""
+        session = self.sessions.pop(rollout_id, None)
+        if session is not None and not session.retired:
+            self.counts["sessions_retired"] += 1
+            session.env.close()
+        self._live.discard(rollout_id)
+        self._retired_order.pop(rollout_id, None)
 
     def open_session(self, call: ToolCall) -> Session:
         """A fresh session for the first call of an attempt: a live retry starts from the prompt, so
@@ -314,6 +338,14 @@ class Resources(Participant):
         session.retired = True
         session.results.clear()
         self.retired.add((rollout_id, session.attempt))
+        self._live.discard(rollout_id)
+        self._retired_order[rollout_id] = None
+        self._retired_order.move_to_end(rollout_id)
+        # Retired sessions the controller never forgets (it is down, its Forget was lost) are bounded:
+        # the oldest go, their attempts stay refused by the fence above.
+        while len(self._retired_order) > self.retired.capacity:
+            oldest, _ = self._retired_order.popitem(last=False)
+            self.sessions.pop(oldest, None)
 
     @staticmethod
     def _result(session: Session, call: ToolCall, *, ok: bool, output: dict[str, Any]) -> ToolResult:
@@ -332,12 +364,10 @@ class Resources(Participant):
         as restarts instead of making the snapshot wait (they restart from the prompt after a crash)."""
         if self.mode == "restart_only":
             live = tuple(
-                AttemptRef(rollout_id=r, attempt=s.attempt)
-                for r, s in sorted(self.sessions.items())
-                if not s.retired
+                AttemptRef(rollout_id=r, attempt=self.sessions[r].attempt) for r in sorted(self._live)
             )
             return ParkReport(restarts=live)
-        return ParkReport(parked=sum(1 for s in self.sessions.values() if not s.retired))
+        return ParkReport(parked=len(self._live))
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         saved = [] if self.mode == "restart_only" else _saved_sessions(self)
@@ -352,6 +382,8 @@ class Resources(Participant):
             if not session.retired:
                 session.env.close()
         self.sessions.clear()
+        self._live.clear()
+        self._retired_order.clear()
         for item in saved:
             attempt = continuing.get(item.rollout_id)
             if attempt is None:
@@ -361,8 +393,9 @@ class Resources(Participant):
             env.bind(item.rollout_id, attempt)
             if item.env is None:
                 env.reset()  # stateless: the session reopens from its seed, in an external store too
-            self.sessions[item.rollout_id] = Session(
-                attempt=attempt, env=env, revision=item.revision, applied=set(item.applied)
+            self._hold(
+                item.rollout_id,
+                Session(attempt=attempt, env=env, revision=item.revision, applied=set(item.applied)),
             )
             self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
             self.counts["sessions_opened"] += 1
@@ -388,14 +421,21 @@ class Resources(Participant):
                 self._fence(ref.rollout_id, session)
         return reply
 
-    async def on_forget(self, command: Forget) -> Message:
-        """Forgetting a retired attempt drops its fence, the session it left behind included."""
-        reply = await super().on_forget(command)
-        for ref in command.attempts:
-            session = self.sessions.get(ref.rollout_id)
-            if session is not None and session.attempt == ref.attempt and session.retired:
-                del self.sessions[ref.rollout_id]
-        return reply
+    def forget_attempts(self, keys: list[AttemptKey]) -> None:
+        """A forgotten attempt's session goes, retired or not (a program that never verified leaves
+        it open: it is closed here). A session of a newer attempt of the rollout stays."""
+        for rollout_id, attempt in keys:
+            session = self.sessions.get(rollout_id)
+            if session is not None and session.attempt == attempt:
+                self._drop(rollout_id)
+
+    def structure_sizes(self) -> dict[str, int]:
+        return {
+            **super().structure_sizes(),
+            "sessions": len(self.sessions),
+            "sessions_live": len(self._live),
+            "sessions_ended": len(self._retired_order),
+        }
 
 
 class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
@@ -413,9 +453,8 @@ class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
 def _saved_sessions(resources: Resources) -> list[SavedSession]:
     """The sessions to save, sharing their live state: the caller encodes them before any await."""
     saved = []
-    for rollout_id, session in sorted(resources.sessions.items()):
-        if session.retired:
-            continue
+    for rollout_id in sorted(resources._live):  # the live ones only: never every session served
+        session = resources.sessions[rollout_id]
         exported = session.env.export(copy_state=False) if resources.mode == "exported" else None
         saved.append(
             SavedSession(

@@ -18,7 +18,7 @@ import structlog
 from parkway.actors.runtime.participant import Participant, write_records
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Refused, RowSealed, RowStaged, SnapshotInstalled
-from parkway.protocol.ids import Role, parse_capture_key, parse_staging_key
+from parkway.protocol.ids import Role, capture_key, parse_capture_key, parse_staging_key
 from parkway.protocol.messages import (
     AttemptRef,
     CanonicalRow,
@@ -121,6 +121,24 @@ class TransferStore:
             return None
         return self.staging.get(capture, {}).get(turn)
 
+    def forget(self, attempts: list[tuple[str, int]]) -> int:
+        """Drop the staging rows of forgotten attempts that no canonical row uses (a retried rollout's
+        earlier attempts); the canonical row and its rows stay until the trainer releases them.
+        Returns the staging rows dropped."""
+        dropped = 0
+        for rollout_id, attempt in attempts:
+            key = capture_key(rollout_id, attempt)
+            canonical = self.canonical.get(rollout_id)
+            if canonical is not None and any(t.capture_key == key for t in canonical.turns):
+                continue
+            dropped += len(self.staging.pop(key, {}))
+            keys = self.keys.get(rollout_id)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.keys[rollout_id]
+        return dropped
+
     def release(self, rollout_ids: tuple[str, ...]) -> int:
         """Drop what the trainer consumed: each rollout's canonical row and the staging rows of all its
         attempts; lineage keeps only the turns generated more than once (``turns_regenerated`` stays
@@ -198,7 +216,8 @@ class TransferQueue(Participant):
 
     async def on_rows(self, message: Rows) -> None:
         for row in message.rows:
-            if attempt_of(row.capture_key) in self.retired:  # fenced: generated for an attempt given up on
+            attempt = attempt_of(row.capture_key)
+            if attempt in self.retired or attempt in self.forgotten:  # given up on, or long finished
                 self.counts["staging_fenced"] += 1
                 self.history.record(Refused(capture_key=row.capture_key, turn=row.turn, code="stale_attempt"))
                 continue
@@ -237,6 +256,18 @@ class TransferQueue(Participant):
         self.counts["rows_released"] += dropped
         self.counts["canonical_rows"] = len(self.store.canonical)
         return Ok(detail=f"released {dropped} staging rows of {len(message.rollout_ids)} rollouts")
+
+    def forget_attempts(self, keys: list[tuple[str, int]]) -> None:
+        self.counts["rows_forgotten"] += self.store.forget(keys)
+
+    def structure_sizes(self) -> dict[str, int]:
+        return {
+            **super().structure_sizes(),
+            "staging": len(self.store.staging),
+            "canonical": len(self.store.canonical),
+            "lineage": len(self.store.generations),
+            "staging_keys": len(self.store.keys),
+        }
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         return self.store.save(directory, write=self.write_records)

@@ -84,6 +84,10 @@ class TrainerActor(Actor):
     def step(self) -> int:
         return self.records.last_step
 
+    def structure_sizes(self) -> dict[str, int]:
+        """The step records held in memory: at most ``TrainerRecords.keep`` (docs/memory.md)."""
+        return {**super().structure_sizes(), "step_records": self.records.in_memory()}
+
     async def on_sync(self, command: TrainerSync) -> Message:
         async with self._steps:
             last = self.records.last_step

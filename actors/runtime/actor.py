@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections import Counter, OrderedDict
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import structlog
-from parkway.actors.runtime import heartbeat
+from parkway.actors.runtime import heartbeat, memory
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
@@ -49,6 +50,7 @@ from parkway.actors.runtime.metrics import (
 )
 from parkway.actors.runtime.replies import ReplyCache
 from parkway.actors.runtime.settings import MAX_DEADLINE_ENV, SettingsError, max_deadline_s
+from parkway.actors.runtime.structures import StructureCollector, read_sizes, runtime_structure_sizes
 from parkway.brokers.base import (
     REQUEST_ID_HEADER,
     Broker,
@@ -68,6 +70,7 @@ from parkway.protocol.messages import (
     ControlCommand,
     Discover,
     Error,
+    MemoryReport,
     Message,
     Probe,
     ProbeResult,
@@ -80,10 +83,9 @@ from parkway.protocol.signing import SENDER_HEADER, Keyring
 log = structlog.get_logger("parkway.actor")
 
 # Read-only questions: no effect to deduplicate, and a cached answer would be stale.
-QUERIES = (Status, Discover)
+QUERIES = (Status, Discover, MemoryReport)
 
 Handler = Callable[[Any], Awaitable[Message | None]]
-ANSWERED_REQUESTS_KEPT = 10_000  # (reply address, request id) pairs remembered as answered
 
 
 class Actor:
@@ -119,7 +121,7 @@ class Actor:
         self.state_dir = state_dir
         self.faults = faults or FaultPoints()
         self.history = History.from_env(broker.run, self.address)  # a no-op unless PARKWAY_HISTORY=1
-        self.replies = ReplyCache(journal=state_dir / "replies.journal" if state_dir else None)
+        self.replies = ReplyCache.from_env(journal=state_dir / "replies.journal" if state_dir else None)
         self.started_at = time.time()
         self.handled = 0
         self.counts: Counter[str] = Counter()  # messages handled by type, errors by code
@@ -127,10 +129,12 @@ class Actor:
         self.metrics.gauge(
             "parkway_handlers_in_flight", "Deliveries being handled now", lambda: self.in_flight
         )
+        self.metrics.registry.register(StructureCollector(self))  # parkway_structure_entries, at scrape
         self.handlers: dict[type[Message], Handler] = {
             Status: self.on_status,
             Discover: self.on_discover,
             Probe: self.on_probe,
+            MemoryReport: functools.partial(memory.answer, self),  # runtime/memory.py
         }
         self._consumer: Consumer | None = None
         self._stopped = asyncio.Event()
@@ -152,12 +156,14 @@ class Actor:
         await self.broker.declare(self.address)
         self._consumer = await self.broker.consume(self.address, self._on_delivery, prefetch=self.prefetch)
         self._heartbeat = asyncio.get_running_loop().create_task(heartbeat.beat(self))
+        memory.attach(self)  # SIGUSR2 logs its memory report; PARKWAY_TRACEMALLOC traces from boot
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             log.info("actor_started", pid=os.getpid())
         self.history.record(Started(started_at=self.started_at))
 
     async def stop(self) -> None:
         """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""
+        memory.detach(self)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -327,7 +333,10 @@ class Actor:
         key = self._request_key(request)
         if key is not None:
             self._answered_requests[key] = None
-            if len(self._answered_requests) > ANSWERED_REQUESTS_KEPT:
+            # Only a request whose reply is still cached is looked up here (``_answer_again``), so
+            # remembering more than the cache holds is memory nobody reads: it once kept 10,000
+            # pairs and grew TQ for thousands of rollouts after its reply cache was full.
+            while len(self._answered_requests) > self.replies.capacity:
                 self._answered_requests.popitem(last=False)
         return True
 
@@ -422,6 +431,11 @@ class Actor:
     def status_extras(self) -> dict[str, Any]:
         return {}
 
+    def structure_sizes(self) -> dict[str, int]:
+        """Entries per named per-rollout / per-snapshot structure (``runtime/structures.py``); a role
+        returns ``{**super().structure_sizes(), "sessions": len(self.sessions)}``."""
+        return runtime_structure_sizes(self)
+
     def status_fields(self, *, asking: int = 0) -> dict[str, Any]:
         """What ``Status`` and the heartbeat report; ``asking`` messages in flight are the question."""
         fields: dict[str, Any] = {
@@ -434,6 +448,7 @@ class Actor:
             "started_at": self.started_at,
             "handled": self.handled,
             "counts": dict(self.counts),
+            "structures": read_sizes(self),
         }
         fields.update(self.status_extras())  # a role may say better what "in flight" means for it
         return fields

@@ -30,6 +30,7 @@ import msgspec
 import structlog
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.faults import FaultPoints
+from parkway.actors.runtime.forgetting import AttemptKey, Fence, forget_fence_size
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import AttemptsFenced, PhaseChanged
 from parkway.protocol.layout import participant_parts
@@ -89,7 +90,14 @@ class Participant(Actor):
         super().__init__(*args, **kwargs)
         self.phases = ParticipantPhases(lease_grace_s=lease_grace_s, max_lease_s=self.max_deadline_s)
         self.snapshot_root = snapshot_root
-        self.retired: set[tuple[str, int]] = set()
+        fence = forget_fence_size()
+        # Attempts the controller gave up on (Retire), until it forgets them; bounded all the same, for
+        # a controller that never does.
+        self.retired = Fence(fence)
+        # Attempts the controller forgot (sealed and acknowledged, docs/memory.md): only their ids, the
+        # newest ``PARKWAY_FORGET_FENCE``, so a very late duplicate is refused rather than run again.
+        self.forgotten = Fence(fence)
+        self._forget_pending: dict[AttemptKey, None] = {}  # Forgets received while a checkpoint was open
         self.epoch = 0  # the newest timeline a Restore named: data messages of older ones are refused
         self._ended: dict[str, asyncio.Event] = {}
         self._lease_changed = asyncio.Event()
@@ -135,6 +143,20 @@ class Participant(Actor):
 
     async def release(self) -> None:
         """Reopen admission and release held replies."""
+
+    def forget_attempts(self, keys: list[AttemptKey]) -> None:
+        """Drop everything held for these attempts (sealed and acknowledged, or given up on): sessions,
+        records, receipts. Called outside any checkpoint, after the fences moved (``on_forget``)."""
+
+    def structure_sizes(self) -> dict[str, int]:
+        """Entries of each per-rollout structure (docs/memory.md): the participant's fences here."""
+        return {
+            **super().structure_sizes(),
+            "retired": len(self.retired),
+            "forgotten": len(self.forgotten),
+            "forget_pending": len(self._forget_pending),
+            "checkpoints_ended": len(self._ended),
+        }
 
     # -- status --------------------------------------------------------------------------------
     def timeline(self) -> int:
@@ -284,7 +306,11 @@ class Participant(Actor):
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE, f"{command.location} cannot be restored: {where}: {detail}"
             ) from exc
+        # The forgotten ids go too: the restored ledger may dispatch them again (rollouts sealed after
+        # the snapshot run anew), and a late message of the dead timeline is refused by its epoch.
         self.retired.clear()
+        self.forgotten.clear()
+        self._forget_pending.clear()
         self.epoch = max(self.epoch, command.epoch)
         self.replies.evict_all(keep=CONTROL_TYPES)
         self._apply(Event.RESTORE, command.checkpoint_id, command.deadline)
@@ -300,9 +326,42 @@ class Participant(Actor):
         return Ok(detail=f"retired {len(command.attempts)}")
 
     async def on_forget(self, command: Forget) -> Message:
-        for ref in command.attempts:
-            self.retired.discard((ref.rollout_id, ref.attempt))
-        return Ok(detail=f"forgot {len(command.attempts)}")
+        """Forget is idempotent and answered at once; while a checkpoint is open (Prepare to its
+        Resume or Abort) it waits for the end, so capture and validation see a stable state."""
+        keys = [(ref.rollout_id, ref.attempt) for ref in command.attempts]
+        if self.phases.phase is not Phase.IDLE:
+            self._forget_pending.update(dict.fromkeys(keys))
+            self.counts["forget_deferred"] += len(keys)
+            return Ok(detail=f"forgetting {len(keys)} when {self.phases.checkpoint_id} ends")
+        self._forget(keys)
+        return Ok(detail=f"forgot {len(keys)}")
+
+    def _forget(self, keys: list[AttemptKey]) -> None:
+        for key in keys:
+            self.retired.discard(key)
+        self.forgotten.update(keys)
+        # Their cached replies go too (a late duplicate then meets the fence above, not a replay).
+        self.replies.evict_rollouts(AttemptRef(rollout_id=r, attempt=a) for r, a in keys)
+        self.forget_attempts(keys)
+        self.counts["attempts_forgotten"] += len(keys)
+
+    def _forget_deferred(self) -> None:
+        if self._forget_pending and self.phases.phase is Phase.IDLE:
+            keys = list(self._forget_pending)
+            self._forget_pending.clear()
+            self._forget(keys)
+
+    def is_forgotten(self, rollout_id: str, attempt: int) -> bool:
+        return (rollout_id, attempt) in self.forgotten
+
+    def refuse_forgotten(self, rollout_id: str, attempt: int) -> None:
+        """A late duplicate of a forgotten attempt: ``stale_attempt``, never a new run of it."""
+        if (rollout_id, attempt) in self.forgotten:
+            self.counts["forgotten_refused"] += 1
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT,
+                f"{rollout_id} attempt {attempt} is finished and forgotten here: a late duplicate",
+            )
 
     # -- helpers -------------------------------------------------------------------------------
     def snapshot_parts(self) -> tuple[str, ...]:
@@ -351,6 +410,7 @@ class Participant(Actor):
         self.replies.evict(checkpoint_id, keep=frozenset({"Resume", "Abort"}))
         if release:
             await self.release()
+        self._forget_deferred()  # what the controller forgot while the checkpoint was open
         # Keep the end events of recent ids only; the phase machine's fence is the lasting record.
         while len(self._ended) > 64:
             self._ended.pop(next(iter(self._ended)))

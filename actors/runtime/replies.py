@@ -1,45 +1,107 @@
 """Replies cached per (correlation id, command, sender): a redelivered or retried command gets the
 same reply and is not executed twice.
 
-With a state directory the cache is also a journal (one msgpack record per reply, fsynced before the
-reply leaves), so the promise holds across a SIGKILL between executing a command and acking it.
+With a state directory the cache is also a journal (one msgpack record per control reply, fsynced
+before the reply leaves), so the promise holds across a SIGKILL between executing a command and acking
+it. The journal is an append-only file compacted (rewritten to the replies still kept, to a temporary
+file, fsynced, renamed over it) when any of these is passed:
+
+- ``max_bytes`` (``PARKWAY_REPLY_JOURNAL_MAX_BYTES``): the file's size. The rewrite keeps at most half
+  of it, newest first; the older replies are forgotten, in memory too.
+- ``max_age_s`` (``PARKWAY_REPLY_MAX_AGE_S``): a reply is forgotten once older than this; the file is
+  rewritten when its oldest record is a quarter past it.
+- twice ``capacity`` records (tombstones included); the cache itself holds at most ``capacity``.
+
+Each bound leaves at least half its allowance (a quarter of the age) before the next rewrite, so the
+rewrites cost a constant share of what is appended, not a rewrite per reply.
+
+Forgetting a rollout (``evict_rollouts``) drops the replies of its calls: the correlation ids of a
+rollout's attempt are its capture key (``Run``, the receipt), ``<capture key>:<suffix>`` (model and tool
+calls, their release) and ``seal:<capture key>``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
+from parkway.actors.runtime.settings import reply_journal_max_bytes, reply_max_age_s
+from parkway.protocol.ids import capture_key
+from parkway.protocol.messages import AttemptRef
 
 ReplyKey = tuple[str, str, str]  # (correlation id, message type, sender)
+SEAL_PREFIX = "seal:"  # the controller's seal of a capture key at TQ (roles/controller/receipts.py)
+_RECORD_HEAD = 4  # bytes of the big-endian length in front of each record
+AGE_SLACK = 0.25  # a rewrite for age waits until the oldest record is this share past the age
 
 
 class _Record(msgspec.Struct, array_like=True):
     correlation_id: str
     message_type: str
     sender: str
-    content: bytes  # the reply, msgpack-encoded
+    content: bytes  # the reply, msgpack-encoded; empty: a tombstone
+    at: float = 0.0  # when it was cached (Unix time); 0 in journals written before it was recorded
+
+
+class _Entry(NamedTuple):
+    content: bytes
+    at: float
+    durable: bool  # journalled (a control reply), else memory only
 
 
 class ReplyCache:
-    def __init__(self, *, capacity: int = 4096, journal: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int = 4096,
+        journal: Path | None = None,
+        max_bytes: int = 4 << 20,
+        max_age_s: float = 7200.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[ReplyKey, bytes] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._entries: OrderedDict[ReplyKey, _Entry] = OrderedDict()  # oldest stored first
         self._running: dict[ReplyKey, asyncio.Future[bytes | None]] = {}
         self._journal = journal
         self._journal_records = 0
+        self._journal_bytes = 0
+        self._journal_oldest: float | None = None  # when the oldest record in the file was cached
+        self.compactions = 0
         self._encoder = msgspec.msgpack.Encoder()
         if journal is not None:
             self._load(journal)
 
+    @classmethod
+    def from_env(cls, *, journal: Path | None, environ: Mapping[str, str] | None = None) -> ReplyCache:
+        """With the bounds of ``PARKWAY_REPLY_JOURNAL_MAX_BYTES`` and ``PARKWAY_REPLY_MAX_AGE_S``."""
+        return cls(
+            journal=journal, max_bytes=reply_journal_max_bytes(environ), max_age_s=reply_max_age_s(environ)
+        )
+
     def __len__(self) -> int:
         return len(self._entries)
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of each of its structures (``Actor.structure_sizes``)."""
+        return {
+            "reply_cache": len(self._entries),
+            "reply_cache_running": len(self._running),
+            "reply_journal_records": self._journal_records,
+            "reply_journal_bytes": self._journal_bytes,
+        }
+
     def get(self, key: ReplyKey) -> bytes | None:
-        return self._entries.get(key)
+        entry = self._entries.get(key)
+        return None if entry is None else entry.content
 
     def running(self, key: ReplyKey) -> asyncio.Future[bytes | None] | None:
         """The future of the same command still being handled, if any (a duplicate waits on it)."""
@@ -60,13 +122,15 @@ class ReplyCache:
 
     def evict(self, correlation_id: str, *, keep: frozenset[str] = frozenset()) -> int:
         """Forget the replies of one id (except message types in ``keep``); returns how many."""
-        doomed = [k for k in self._entries if k[0] == correlation_id and k[1] not in keep]
-        for key in doomed:
-            del self._entries[key]
-        if doomed and self._journal is not None:
-            # Tombstones, so a restart does not revive them: one write and one fsync for all of them.
-            self._append(*(_Record(*key, b"") for key in doomed))
-        return len(doomed)
+        return self._drop([k for k in self._entries if k[0] == correlation_id and k[1] not in keep])
+
+    def evict_rollouts(self, attempts: Iterable[AttemptRef]) -> int:
+        """Forget every reply of these attempts' calls (``Forget``): ``Run``, model and tool calls, their
+        release, the receipt and the seal. Returns how many; one scan of the cache for all of them."""
+        keys = {capture_key(ref.rollout_id, ref.attempt) for ref in attempts}
+        if not keys:
+            return 0
+        return self._drop([k for k in self._entries if _capture_key_of(k[0]) in keys])
 
     def evict_all(self, *, keep: frozenset[str] = frozenset()) -> int:
         """Forget every reply except those of the message types in ``keep``; returns how many."""
@@ -77,13 +141,31 @@ class ReplyCache:
             self._rewrite(self._journal)
         return len(doomed)
 
+    def _drop(self, doomed: list[ReplyKey]) -> int:
+        journalled = [key for key in doomed if self._entries.pop(key).durable]
+        if journalled and self._journal is not None:
+            # Tombstones, so a restart does not revive them: one write and one fsync for all of them.
+            self._append(*(_Record(*key, b"") for key in journalled))
+        return len(doomed)
+
     def _store(self, key: ReplyKey, content: bytes, *, durable: bool) -> None:
-        self._entries[key] = content
+        now = self._clock()
+        self._entries[key] = _Entry(content, now, durable)
         self._entries.move_to_end(key)
+        self._expire(now)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
         if durable and self._journal is not None:
-            self._append(_Record(*key, content))
+            self._append(_Record(*key, content, now))
+
+    def _expire(self, now: float) -> None:
+        """Forget the replies older than the age, oldest first: the order of the cache is their age."""
+        horizon = now - self.max_age_s
+        while self._entries:
+            first = next(iter(self._entries.values()))
+            if first.at >= horizon:
+                break
+            self._entries.popitem(last=False)
 
     # -- journal -------------------------------------------------------------------------------
     def _load(self, path: Path) -> None:
@@ -92,10 +174,11 @@ class ReplyCache:
             return
         data = path.read_bytes()
         decoder = msgspec.msgpack.Decoder(_Record)
+        loaded_at = self._clock()
         offset = 0
-        while offset + 4 <= len(data):
-            size = int.from_bytes(data[offset : offset + 4], "big")
-            chunk = data[offset + 4 : offset + 4 + size]
+        while offset + _RECORD_HEAD <= len(data):
+            size = int.from_bytes(data[offset : offset + _RECORD_HEAD], "big")
+            chunk = data[offset + _RECORD_HEAD : offset + _RECORD_HEAD + size]
             if len(chunk) < size:
                 break  # a torn last record from a crash mid-write: everything before it is intact
             try:
@@ -104,37 +187,85 @@ class ReplyCache:
                 break
             key = (record.correlation_id, record.message_type, record.sender)
             if record.content:
-                self._entries[key] = record.content
+                # A record of a journal older than timestamps is taken as cached now: kept its full age.
+                self._entries[key] = _Entry(record.content, record.at or loaded_at, True)
                 self._entries.move_to_end(key)
             else:
                 self._entries.pop(key, None)
-            offset += 4 + size
+            offset += _RECORD_HEAD + size
+        self._expire(loaded_at)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
         self._rewrite(path)
 
     def _append(self, *records: _Record) -> None:
         assert self._journal is not None
-        data = b""
-        for record in records:
-            payload = self._encoder.encode(record)
-            data += len(payload).to_bytes(4, "big") + payload
+        data = b"".join(_framed(self._encoder.encode(record)) for record in records)
         with open(self._journal, "ab") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         self._journal_records += len(records)
-        if self._journal_records > 2 * self.capacity:
-            self._rewrite(self._journal)
+        self._journal_bytes += len(data)
+        if self._journal_oldest is None:
+            self._journal_oldest = min(r.at or self._clock() for r in records)
+        if self._due():
+            self._rewrite(self._journal, budget=self.max_bytes // 2)
 
-    def _rewrite(self, path: Path) -> None:
-        """Compact the journal to the entries kept, atomically."""
+    def _due(self) -> bool:
+        if self._journal_bytes > self.max_bytes or self._journal_records > 2 * self.capacity:
+            return True
+        oldest = self._journal_oldest
+        return oldest is not None and self._clock() - oldest > self.max_age_s * (1 + AGE_SLACK)
+
+    def _rewrite(self, path: Path, *, budget: int | None = None) -> None:
+        """Compact the journal to the control replies kept, atomically: at most ``budget`` bytes (the
+        whole budget unless said; half of it when the budget was passed), newest first (those that do
+        not fit are forgotten in memory too), none past the age."""
+        budget = self.max_bytes if budget is None else budget
+        self._expire(self._clock())
+        kept: list[bytes] = []
+        written = 0
+        for key in reversed(self._entries):  # newest first: what does not fit is the oldest
+            entry = self._entries[key]
+            if not entry.durable:
+                continue
+            record = _framed(self._encoder.encode(_Record(*key, entry.content, entry.at)))
+            if kept and written + len(record) > budget:
+                break  # the newest is always kept: a duplicate of the command just answered is likely
+            kept.append(record)
+            written += len(record)
+        durable = [key for key in self._entries if self._entries[key].durable]
+        for key in durable[: len(durable) - len(kept)]:  # the oldest, beyond the budget
+            del self._entries[key]
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as handle:
-            for key, content in self._entries.items():
-                payload = self._encoder.encode(_Record(*key, content))
-                handle.write(len(payload).to_bytes(4, "big") + payload)
+            handle.write(b"".join(reversed(kept)))  # oldest first, the order a load replays them in
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        self._journal_records = len(self._entries)
+        _fsync_dir(path.parent)  # the rename itself survives a power loss
+        self._journal_records = len(kept)
+        self._journal_bytes = written
+        self._journal_oldest = min((e.at for e in self._entries.values() if e.durable), default=None)
+        self.compactions += 1
+
+
+def _framed(payload: bytes) -> bytes:
+    return len(payload).to_bytes(_RECORD_HEAD, "big") + payload
+
+
+def _capture_key_of(correlation_id: str) -> str:
+    """The capture key a per-rollout correlation id belongs to (see the module's docstring); others
+    (checkpoint ids, ``ack-...``) come out as themselves and match no capture key."""
+    if correlation_id.startswith(SEAL_PREFIX):
+        return correlation_id[len(SEAL_PREFIX) :]
+    return correlation_id.partition(":")[0]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -11,6 +11,8 @@ unless ``PARKWAY_INSECURE_SHARED_SECRET=1`` says so on purpose (docs/security.md
 0 or unset serves none. ``PARKWAY_MAX_BODY_BYTES`` sets the largest message body accepted and sent
 (16 MiB by default). ``PARKWAY_CLUSTER_WAIT_S`` is how long a controller waits for every participant
 to answer before its run starts (120 s by default; compose starts the services in any order).
+``PARKWAY_REPLY_JOURNAL_MAX_BYTES`` and ``PARKWAY_REPLY_MAX_AGE_S`` bound the reply journal
+(``runtime/replies.py``); ``PARKWAY_TRACEMALLOC`` starts tracing allocations at boot (``runtime/memory.py``).
     return _seconds(os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
 
 
@@ -38,6 +40,11 @@ CLUSTER_WAIT_ENV = "PARKWAY_CLUSTER_WAIT_S"
 DEFAULT_CLUSTER_WAIT_S = 120.0
 MAX_DEADLINE_ENV = "PARKWAY_MAX_DEADLINE_S"
 DEFAULT_MAX_DEADLINE_S = DEFAULT_MAX_LEASE_S  # a deadline that far ahead still lapses (protocol.phases)
+REPLY_JOURNAL_MAX_BYTES_ENV = "PARKWAY_REPLY_JOURNAL_MAX_BYTES"
+DEFAULT_REPLY_JOURNAL_MAX_BYTES = 4 << 20
+MIN_REPLY_JOURNAL_MAX_BYTES = 64 << 10
+REPLY_MAX_AGE_ENV = "PARKWAY_REPLY_MAX_AGE_S"
+DEFAULT_REPLY_MAX_AGE_S = 2 * DEFAULT_MAX_DEADLINE_S  # past any deadline a retry of the command can carry
 RECEIPT_RESEND_ENV = "PARKWAY_RECEIPT_RESEND_S"
 RECEIPT_RESEND_MAX_ENV = "PARKWAY_RECEIPT_RESEND_MAX_S"
 RECEIPT_RESENDS_ENV = "PARKWAY_RECEIPT_RESENDS"
@@ -84,6 +91,33 @@ def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
 def max_deadline_s(environ: Mapping[str, str] | None = None) -> float:
     """How far ahead of now a control command's deadline may be: ``PARKWAY_MAX_DEADLINE_S``, else 3600 s."""
     return _seconds(os.environ if environ is None else environ, MAX_DEADLINE_ENV, DEFAULT_MAX_DEADLINE_S)
+
+
+def reply_journal_max_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The reply journal's size that makes it compacted: ``PARKWAY_REPLY_JOURNAL_MAX_BYTES``, else 4 MiB."""
+    text = (os.environ if environ is None else environ).get(REPLY_JOURNAL_MAX_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_REPLY_JOURNAL_MAX_BYTES
+    if not text.isdigit() or int(text) < MIN_REPLY_JOURNAL_MAX_BYTES:
+        raise SettingsError(
+            f"{REPLY_JOURNAL_MAX_BYTES_ENV}={text!r}: want a number of bytes, at least "
+            f"{MIN_REPLY_JOURNAL_MAX_BYTES}"
+        )
+    return int(text)
+
+
+def reply_max_age_s(environ: Mapping[str, str] | None = None) -> float:
+    """How long a cached reply is kept: ``PARKWAY_REPLY_MAX_AGE_S``, else twice the deadline horizon
+    (7200 s). Never below ``PARKWAY_MAX_DEADLINE_S``: a command retried within its deadline must still
+    find its reply."""
+    env = os.environ if environ is None else environ
+    age = _seconds(env, REPLY_MAX_AGE_ENV, max(DEFAULT_REPLY_MAX_AGE_S, 2 * max_deadline_s(env)))
+    if age < max_deadline_s(env):
+        raise SettingsError(
+            f"{REPLY_MAX_AGE_ENV}={age:g}: below {MAX_DEADLINE_ENV}={max_deadline_s(env):g}; a command "
+            "retried before its deadline would be executed again"
+        )
+    return age
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from parkway.actors.tools import report
 from parkway.actors.tools.commands import (
     control,
     dead_letters,
+    inspect,
     keys,
     logs,
     model,
@@ -100,6 +101,7 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     control.add_snapshot,
     control.add_publish,
     status.add_status,
+    inspect.add_inspect,
     logs.add_logs,
     _add_report,
     _add_chaos,

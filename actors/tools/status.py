@@ -86,7 +86,7 @@ async def collect(
             continue
         # No answer now: show what its last heartbeat said.
         row["heard_at"] = beat["heard_at"]
-        for key in ("phase", "pid", "in_flight", "handled", "lease_expires_at"):
+        for key in ("phase", "pid", "in_flight", "handled", "lease_expires_at", "structures"):
             row.setdefault(key, beat.get(key))
         row.setdefault("checkpoint_id", beat.get("active_checkpoint_id"))
     return rows
@@ -127,6 +127,18 @@ def snapshot_note(health: dict[str, Any] | None, now: float) -> str:
     return "; ".join(parts)
 
 
+def structures_note(structures: dict[str, int] | None, *, limit: int = 6) -> str:
+    """The largest structures of an actor, ``name=entries`` (``Actor.structure_sizes``); byte counts are
+    left to ``--json`` and the gauge, they would crowd the entries out."""
+    if not structures:
+        return ""
+    sized = sorted(
+        ((n, v) for n, v in structures.items() if not n.endswith("_bytes")), key=lambda nv: (-nv[1], nv[0])
+    )
+    shown = " ".join(f"{name}={size}" for name, size in sized[:limit])
+    return shown + (f" (+{len(sized) - limit})" if len(sized) > limit else "")
+
+
 def table(rows: list[dict[str, Any]], *, now: float | None = None) -> str:
     now = time.time() if now is None else now
     header = (
@@ -138,11 +150,11 @@ def table(rows: list[dict[str, Any]], *, now: float | None = None) -> str:
         lease = row.get("lease_expires_at")
         lease_text = f"{lease - now:.1f}s" if lease else "-"
         in_flight = row.get("in_flight")
-        note = (
-            snapshot_note(row.get("snapshots"), now)
-            if row["reachable"]
-            else f"no reply: {row.get('error', '')}"
-        )
+        if row["reachable"]:
+            parts = (snapshot_note(row.get("snapshots"), now), structures_note(row.get("structures")))
+            note = "; ".join(p for p in parts if p)
+        else:
+            note = f"no reply: {row.get('error', '')}"
         lines.append(
             f"{row['role']:<10} {row['replica']:>7} {row.get('phase') or '?':<10} "
             f"{row.get('checkpoint_id') or '-':<34} {lease_text:>7} "

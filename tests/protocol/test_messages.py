@@ -43,6 +43,14 @@ EXAMPLES: list[m.Message] = [
     ),
     m.Restored(checkpoint_id="rs-1", rollouts=(ATTEMPT,)),
     m.ProbeResult(pid=7, executions=1),
+    m.MemoryReport(checkpoint_id="mem-1", deadline=1e9, top=3, start=True),
+    m.MemoryUsage(
+        pid=7,
+        rss_bytes=1 << 20,
+        tracing=True,
+        top=(m.Allocation(file="a.py", line=3, size_bytes=100, count=2),),
+        structures={"sessions": 4},
+    ),
     m.Run(
         rollout_id="g1_g0",
         attempt=0,

@@ -21,16 +21,22 @@ from typing import Any
 import anyio
 import structlog
 from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot, begin_session
-from parkway.actors.roles.controller.cluster import AgentLiveness, restart_only_participants
+from parkway.actors.roles.controller.cluster import (
+    AgentLiveness,
+    participant_addresses,
+    restart_only_participants,
+)
 from parkway.actors.roles.controller.dispatch import Dispatcher
 from parkway.actors.roles.controller.errors import SetupError, SimulatedCrash
+from parkway.actors.roles.controller.forget import Forgetting
 from parkway.actors.roles.controller.gate import AdmissionGate
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.outbox import AckOutbox
 from parkway.actors.roles.controller.receipts import Receipts
 from parkway.actors.roles.controller.retire import Retirement
-from parkway.actors.roles.controller.save import Published, Skipped
-from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
+from parkway.actors.roles.controller.save import Published
+from parkway.actors.roles.controller.sizes import controller_sizes
+from parkway.actors.roles.controller.snapshots import SnapshotCoordinator, take_requested
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.roles.controller.summary import (
     RunSummary,
@@ -45,11 +51,10 @@ from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.actors.sdk.trainer import Trainer
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
-from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import RunAborted, RunFinished, RunStarted
 from parkway.protocol.ids import Role, rollout_id
 from parkway.protocol.ledger import Ledger
-from parkway.protocol.messages import Completed, Failed, Message, Snapshot, SnapshotTaken, StatusReport
+from parkway.protocol.messages import Completed, Failed, Message, Snapshot, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure
 
 # Importable from here, where callers have always found them.
@@ -73,6 +78,10 @@ class Controller(Actor):
         self.gate = AdmissionGate()
         self._wake = asyncio.Event()  # something changed: the run loop looks again
         self.outbox = AckOutbox(self.client, self.counts, self.history)
+        # Rollouts sealed (or given up) and acknowledged are forgotten everywhere (forget.py).
+        self.forgetting = Forgetting(self.client, self.counts, self._participants)
+        self.outbox.on_acked = self.forgetting.acked
+        self.forgetting.on_forget.append(self.outbox.forget)
         self.retirement = Retirement(self.client, self.state, self.counts)
         self.receipts = Receipts(
             client=self.client,
@@ -82,11 +91,14 @@ class Controller(Actor):
             outbox=self.outbox,
             retirement=self.retirement,
             wake=self._wake.set,
+            forgetting=self.forgetting,
         )
         self.liveness = AgentLiveness(
             self.client, self.state, self.counts, self.history, self.retirement, self._wake.set
         )
         self._acks: asyncio.Task[None] | None = None  # the outbox's, once started
+        self._forgets: asyncio.Task[None] | None = None  # the Forget flusher's, once started
+        self._dispatcher: Dispatcher | None = None  # the running workload's
         self.snapshots: SnapshotCoordinator | None = None
         self.stage = "starting"  # what the workload is doing, for progress lines
         self.holds: dict[str, int] = {}  # rollout -> turn its first attempt parks at for good (the demo)
@@ -105,12 +117,23 @@ class Controller(Actor):
         await super().start()
         # Acks go out whether or not a workload runs: an agent's receipt is answered even then.
         self._acks = asyncio.get_running_loop().create_task(self.outbox.run())
+        self._forgets = asyncio.get_running_loop().create_task(self.forgetting.run())
 
     async def stop(self) -> None:
         await super().stop()
-        if self._acks is not None:
-            self._acks.cancel()
-            await asyncio.gather(self._acks, return_exceptions=True)
+        for task in (self._acks, self._forgets):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def _participants(self) -> list[str]:
+        """Where a Forget goes: every participant of the running workload (none before one)."""
+        return participant_addresses(self._config) if self._config is not None else []
+
+    def structure_sizes(self) -> dict[str, int]:
+        metrics = self.snapshots.metrics if self.snapshots is not None else None
+        sizes = controller_sizes(self.state, self.outbox, self.forgetting, self._dispatcher, metrics)
+        return {**super().structure_sizes(), **sizes}
 
     # -- what the snapshots may do (host.SnapshotHost) ----------------------------------------------
     @property
@@ -160,7 +183,7 @@ class Controller(Actor):
         self, ledger: Ledger, anchor: ControllerAnchor, *, saved_episodes: set[tuple[str, int]]
     ) -> Continuation:
         assert self._config is not None
-        continuation = adopt_snapshot(
+        return adopt_snapshot(
             self.state,
             ledger,
             anchor,
@@ -170,7 +193,6 @@ class Controller(Actor):
             restart_only=self.restart_only,
             saved_episodes=saved_episodes,
         )
-        return continuation
 
     def adopt_fallback(self, anchor: ControllerAnchor, trainer_state: dict[str, Any]) -> None:
         """The trainer follows at the run's start (``TrainingHook.sync``: to the marker's step)."""
@@ -274,6 +296,8 @@ class Controller(Actor):
             tasks=tasks,
             holds=self.holds,
         )
+        self._dispatcher = dispatcher
+        self.forgetting.on_forget.append(dispatcher.forget)
         expected = len(tasks) * config.rollout.group_size
         self._expected = expected
         self.stage = "waiting for the cluster"
@@ -338,10 +362,14 @@ class Controller(Actor):
                 await asyncio.wait(awaited, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
             await self.outbox.flush()
+            # What ended is forgotten before the summary (one try each: a participant that is down
+            # does not hold the end of the run up; it bounds what it holds by itself).
+            await self.forgetting.flush(tries=1)
             if self.snapshots is not None:
                 await self.snapshots.settle_abort()
                 await self.snapshots.mark_completed()
         finally:
+            self.forgetting.on_forget.remove(dispatcher.forget)
             await training.stop()
             for task in background:
                 task.cancel()
@@ -366,19 +394,7 @@ class Controller(Actor):
 
     def progress(self) -> dict[str, Any]:
         """Where the workload stands, cheaply: for a progress line, never for decisions."""
-        metrics = self.snapshots.metrics if self.snapshots is not None else None
-        return {
-            "stage": self.stage,
-            "expected": self._expected,
-            "sealed": self.counts["rollouts_sealed"],
-            "failed": self.counts["rollouts_failed"],
-            "running": len(self.state.ledger.dispatched()),
-            "train_steps": self.counts["train_steps"],
-            "snapshots": metrics.published if metrics else 0,
-            "last_pause_ms": metrics.pause_ms[-1] if metrics and metrics.pause_ms else None,
-            "restored": metrics.rollouts_restored if metrics else 0,
-            "elapsed_s": time.monotonic() - self.run_started_at if self.run_started_at is not None else 0.0,
-        }
+        return workload_progress(self)
 
     async def wait_for_cluster(
         self, config: RunConfig, timeout: float = 120.0, *, trainer: bool = False
@@ -437,22 +453,8 @@ class Controller(Actor):
 
     async def on_snapshot(self, request: Snapshot) -> Message:
         """``parkway snapshot``: one snapshot now, answered with what was published."""
-        if self.snapshots is None or self._config is None:
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE, "no workload with snapshots is running on this controller"
-            )
-        try:
-            async with self._snapshot_lock:
-                # Asked for by name: taken even if nothing moved, under the request's own id, so a
-                # `parkway logs --checkpoint-id ID --follow` started first sees every line of it.
-                outcome = await self.snapshots.save(force=True, checkpoint_id=request.checkpoint_id)
-        except SnapshotFailure as failure:
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE, f"snapshot failed at {failure.step}: {failure.detail}"
-            ) from None
-        if isinstance(outcome, Skipped):
-            return SnapshotTaken(snapshot="", skipped=True)
-        return SnapshotTaken(snapshot=outcome.name, checkpoint_id=outcome.checkpoint_id)
+        running = self.snapshots if self._config is not None else None
+        return await take_requested(running, self._snapshot_lock, request)
 
     @staticmethod
     def _crash_now(published: Published) -> None:
@@ -463,3 +465,22 @@ def run_started(state: RunState, groups: int, group_size: int, restored: bool) -
     """The history record of a session's start: every rollout it is to seal."""
     expected = tuple(rollout_id(state.group_id(i), g) for i in range(groups) for g in range(group_size))
     return RunStarted(restored=restored, epoch=state.epoch, expected=expected)
+
+
+def workload_progress(controller: Controller) -> dict[str, Any]:
+    """``Controller.progress``."""
+    metrics = controller.snapshots.metrics if controller.snapshots is not None else None
+    return {
+        "stage": controller.stage,
+        "expected": controller._expected,
+        "sealed": controller.counts["rollouts_sealed"],
+        "failed": controller.counts["rollouts_failed"],
+        "running": len(controller.state.ledger.dispatched()),
+        "train_steps": controller.counts["train_steps"],
+        "snapshots": metrics.published if metrics else 0,
+        "last_pause_ms": metrics.pause_ms[-1] if metrics and metrics.pause_ms else None,
+        "restored": metrics.rollouts_restored if metrics else 0,
+        "elapsed_s": time.monotonic() - controller.run_started_at
+        if controller.run_started_at is not None
+        else 0.0,
+    }

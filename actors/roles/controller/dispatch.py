@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 from parkway.actors.roles.controller.gate import AdmissionGate
@@ -51,6 +51,14 @@ class Dispatcher:
         # The run loop and (on-policy) the watchdog's tick both dispatch: one at a time, or a sibling
         # reserved when both looked would go out twice.
         self._dispatching = asyncio.Lock()
+
+    def forget(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Attempts of rollouts that ended (``forget.Forgetting``): their clocks go."""
+        for key in keys:
+            self._dispatched_at.pop(key, None)
+
+    def sizes(self) -> dict[str, int]:
+        return {"dispatch_clocks": len(self._dispatched_at)}
 
     def has_work(self) -> bool:
         """Groups in play, or tasks not admitted yet."""
@@ -185,9 +193,14 @@ class Dispatcher:
     def stalled(self, timeout_s: float) -> list[tuple[str, int]]:
         """Attempts running longer than ``timeout_s``, not counting the time they were parked."""
         now, paused = time.monotonic(), self._gate.paused_s()
+        live = self._state.ledger.dispatched()
+        # An attempt that is no longer running (failed, replaced, restored over) needs no clock: the
+        # clocks held are those of the attempts running, each tick (work proportional to them).
+        for key in self._dispatched_at.keys() - live:
+            del self._dispatched_at[key]
         return [
             key
-            for key in sorted(self._state.ledger.dispatched())
+            for key in sorted(live)
             if key in self._dispatched_at
             and now - self._dispatched_at[key][0] - (paused - self._dispatched_at[key][1]) > timeout_s
         ]

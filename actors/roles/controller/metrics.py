@@ -4,10 +4,24 @@ the progress line and the benchmarks; Prometheus has its own in ``runtime.metric
 from __future__ import annotations
 
 import statistics
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
 from parkway.protocol.snapshot_failures import FailureStreak
+
+# Per-snapshot samples kept: the newest this many, so a run of days holds as much as one of an hour
+# (the summary's p50/p95 are over them; the counts above are over the whole run).
+METRICS_KEEP = 4096
+
+
+def _recent() -> deque[float]:
+    return deque(maxlen=METRICS_KEEP)
+
+
+def _recent_records() -> deque[SnapshotRecord]:
+    return deque(maxlen=METRICS_KEEP)
 
 
 class SnapshotRecord(TypedDict):
@@ -27,11 +41,22 @@ class SnapshotMetrics:
     failed: int = 0
     skipped: int = 0
     streak: FailureStreak = field(default_factory=FailureStreak)  # failures in a row, the newest snapshot
-    pause_ms: list[float] = field(default_factory=list)
-    phases_ms: dict[str, list[float]] = field(default_factory=dict)
+    pause_ms: deque[float] = field(default_factory=_recent)
+    phases_ms: dict[str, deque[float]] = field(default_factory=dict)
     restores: int = 0
     rollouts_restored: int = 0
-    records: list[SnapshotRecord] = field(default_factory=list)
+    records: deque[SnapshotRecord] = field(default_factory=_recent_records)
+
+    def step_took(self, step: str, ms: float) -> None:
+        self.phases_ms.setdefault(step, _recent()).append(ms)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries kept per snapshot (``structure_sizes``): each at most ``METRICS_KEEP``."""
+        return {
+            "snapshot_records": len(self.records),
+            "snapshot_pauses": len(self.pause_ms),
+            "snapshot_step_samples": max((len(v) for v in self.phases_ms.values()), default=0),
+        }
 
     def pause_summary(self) -> dict[str, float]:
         return percentiles(self.pause_ms)
@@ -45,7 +70,7 @@ class SnapshotMetrics:
         return percentiles([float(r["bytes"]) for r in self.records])
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {"p50": 0.0, "p95": 0.0, "max": 0.0}
     ordered = sorted(values)

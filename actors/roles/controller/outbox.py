@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 
 import structlog
 from parkway.actors.runtime.client import Client
@@ -30,6 +31,22 @@ class AckOutbox:
         self._pending: dict[int, list[AttemptRef]] = defaultdict(list)
         self._replica_of: dict[tuple[str, int], int] = {}  # each dispatched attempt's agent replica
         self._unknown: dict[int, list[AttemptRef]] = defaultdict(list)  # never dispatched: by sender
+        # Told the receipts each Ack covered once it went out (``forget.Forgetting.acked``).
+        self.on_acked: Callable[[Iterable[tuple[str, int]]], None] | None = None
+
+    def forget(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Attempts of rollouts that ended: a late receipt of one is acknowledged to the replica it
+        names (like one never dispatched), so the routes held are those of the rollouts in play."""
+        for key in keys:
+            self._replica_of.pop(key, None)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries of each structure (``structure_sizes``)."""
+        return {
+            "ack_routes": len(self._replica_of),
+            "acks_pending": sum(len(v) for v in self._pending.values())
+            + sum(len(v) for v in self._unknown.values()),
+        }
 
     def routed(self, key: tuple[str, int]) -> bool:
         return key in self._replica_of
@@ -61,9 +78,10 @@ class AckOutbox:
             )
             self._counts["acks_sent"] += len(refs)
             self._counts["ack_batches"] += 1
-            self._history.record(
-                AcksSent(replica=replica, refs=tuple((a.rollout_id, a.attempt) for a in refs))
-            )
+            keys = tuple((a.rollout_id, a.attempt) for a in refs)
+            self._history.record(AcksSent(replica=replica, refs=keys))
+            if self.on_acked is not None:
+                self.on_acked(keys)
         await self._flush_unknown()
 
     async def _flush_unknown(self) -> None:

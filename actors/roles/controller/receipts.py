@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import structlog
+from parkway.actors.roles.controller.forget import Forgetting, dispatched_refs
 from parkway.actors.roles.controller.outbox import AckOutbox
 from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.state import RunState
@@ -35,9 +36,11 @@ class Receipts:
         outbox: AckOutbox,
         retirement: Retirement,
         wake: Callable[[], None],
+        forgetting: Forgetting | None = None,
     ) -> None:
         self._client, self._state, self._counts, self._history = client, state, counts, history
         self._outbox, self._retirement, self._wake = outbox, retirement, wake
+        self._forgetting = forgetting
         self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
 
     def _acknowledge(self, receipt: Completed | Failed) -> None:
@@ -81,6 +84,10 @@ class Receipts:
                 )
             )
             if outcome is SealOutcome.SEALED:
+                if self._forgetting is not None:  # its Ack is queued below: forgotten once it is sent
+                    self._forgetting.ended(
+                        dispatched_refs(sibling), ack_of=(receipt.rollout_id, receipt.attempt)
+                    )
                 self._counts["rollouts_sealed"] += 1
                 self._counts["turns_kept"] += receipt.turns
                 self.seals += 1
@@ -107,11 +114,12 @@ class Receipts:
         self._acknowledge(receipt)
 
     async def failed(self, receipt: Failed) -> None:
-        await self.fail(receipt)
+        await self.fail(receipt, acknowledged=True)
         self._acknowledge(receipt)
 
-    async def fail(self, receipt: Failed) -> None:
-        """A failed attempt, reported by its agent or found stalled: redone by its group's granularity."""
+    async def fail(self, receipt: Failed, *, acknowledged: bool = False) -> None:
+        """A failed attempt, reported by its agent (``acknowledged``: its receipt is acked next) or
+        found stalled: redone by its group's granularity."""
         ledger = self._state.ledger
         if not ledger.knows(receipt.rollout_id):
             self._counts["receipts_stale"] += 1
@@ -147,6 +155,10 @@ class Receipts:
         )
         self._counts["attempts_abandoned"] += len(plan.retire)
         await self._retirement.retire(plan.retire)
+        if self._forgetting is not None:  # rollouts given up for good end here, like sealed ones
+            ack_of = (receipt.rollout_id, receipt.attempt) if acknowledged else None
+            for rollout in plan.given_up:
+                self._forgetting.ended(dispatched_refs(ledger.sibling(rollout)), ack_of=ack_of)
         self._wake()
 
     async def _seal_rows(self, receipt: Completed) -> None:

@@ -187,7 +187,7 @@ class SaveSequence:
                         raise SnapshotFailure(step.name.value, f"storage: {exc}", transient=True) from exc
                     took = time.perf_counter() - t0
                     attempt.steps_ms[step.name.value] = round(took * 1000, 3)
-                    self.metrics.phases_ms.setdefault(step.name.value, []).append(took * 1000)
+                    self.metrics.step_took(step.name.value, took * 1000)
                     host.metrics.snapshot_step(step.name.value, took)
                     if attempt.skip_reason is not None:
                         return self._skipped(attempt)

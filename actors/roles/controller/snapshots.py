@@ -7,6 +7,7 @@ The save is ``save.py`` and the restore ``restore.py``; both reach the controlle
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +20,15 @@ from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants
 from parkway.actors.roles.controller.restore import RestoreSequence
-from parkway.actors.roles.controller.save import Published, SaveOutcome, SaveSequence
+from parkway.actors.roles.controller.save import Published, SaveOutcome, SaveSequence, Skipped
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.actors.storage.runs import RunDirectory
 from parkway.actors.storage.trainer import write_trainer_checkpoint
 from parkway.protocol.anchor import ControllerAnchor
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.messages import Message, Snapshot, SnapshotTaken
 from parkway.protocol.snapshot import SnapshotFailure
 from parkway.protocol.snapshot_failures import FailurePolicy, SnapshotHealth
 
@@ -179,3 +182,24 @@ class SnapshotCoordinator:
             )
         except OSError as exc:
             raise SnapshotsEnded(f"the run completed but its marker cannot be written: {exc}") from exc
+
+
+async def take_requested(
+    snapshots: SnapshotCoordinator | None, lock: asyncio.Lock, request: Snapshot
+) -> Message:
+    """``parkway snapshot`` (``Controller.on_snapshot``): one snapshot now, answered with what was
+    published; ``snapshots`` is None when no workload with snapshots runs."""
+    if snapshots is None:
+        raise ProtocolError(ErrorCode.UNAVAILABLE, "no workload with snapshots is running on this controller")
+    try:
+        async with lock:
+            # Asked for by name: taken even if nothing moved, under the request's own id, so a
+            # `parkway logs --checkpoint-id ID --follow` started first sees every line of it.
+            outcome = await snapshots.save(force=True, checkpoint_id=request.checkpoint_id)
+    except SnapshotFailure as failure:
+        raise ProtocolError(
+            ErrorCode.UNAVAILABLE, f"snapshot failed at {failure.step}: {failure.detail}"
+        ) from None
+    if isinstance(outcome, Skipped):
+        return SnapshotTaken(snapshot="", skipped=True)
+    return SnapshotTaken(snapshot=outcome.name, checkpoint_id=outcome.checkpoint_id)

@@ -49,11 +49,18 @@ class RunState:
     def mean_reward(self) -> float:
         return self.reward_sum / self.sealed if self.sealed else 0.0
 
+    def prune_trained(self) -> int:
+        """Drop the trained groups before the first in play (every group before it was trained, so
+        ``first_in_play`` says it): the rest is bounded by the groups admitted and in play. Returns
+        the first task in play."""
+        first = min((g.task_index for g in self.ledger.groups.values()), default=self.next_task)
+        self.trained_groups = [g for g in self.trained_groups if parse_task_group_id(g) >= first]
+        return first
+
     def anchor(self, counts: Counter[str]) -> ControllerAnchor:
         """What is saved beside the ledger. ``first_in_play``: every group before it was trained;
         ``trained_groups`` names the trained ones from there to the cursor (the older are dropped)."""
-        first = min((g.task_index for g in self.ledger.groups.values()), default=self.next_task)
-        self.trained_groups = [g for g in self.trained_groups if parse_task_group_id(g) >= first]
+        first = self.prune_trained()
         return ControllerAnchor(
             policy_version=self.policy_version,
             epoch=self.epoch,

@@ -212,6 +212,7 @@ class TrainingHook:
         for group_id in batch.groups:
             group = ledger.remove(group_id)
             self._state.trained_groups.append(group.group_id)
+        self._state.prune_trained()  # with no snapshots to prune them too, they would pile up
         self._state.training = None
         log.info(
             "trained",

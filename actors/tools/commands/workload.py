@@ -26,11 +26,13 @@ from parkway.actors.run.config import ConfigError
 from parkway.actors.run.config import load as load_config
 from parkway.actors.run.tasks import load_tasks
 from parkway.actors.runtime.logs import configure_logging
-from parkway.actors.runtime.settings import RunSettings
+from parkway.actors.runtime.settings import RunSettings, SettingsError
 from parkway.actors.sdk.plugins import PluginError
 from parkway.actors.storage.select import SnapshotInvalid
 from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
 from parkway.brokers import connect
+from parkway.brokers.base import BrokerError
+from parkway.protocol.errors import ProtocolError
 from parkway.protocol.snapshot import SnapshotFailure
 
 
@@ -116,6 +118,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except SnapshotInvalid as exc:  # nothing restorable (every snapshot corrupt), or another topology
         print(f"parkway: restore: {exc}", file=sys.stderr)
         return 2
+    except (BrokerError, ProtocolError, SettingsError, ConfigError, PluginError):
+        raise  # ``cli.main`` gives each its line and exit code
+    except Exception as exc:  # anything else ends the run with a line, not a traceback (run_aborted logs it)
+        print(f"parkway: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     fields = msgspec.structs.asdict(summary)
     if args.json:
         print_json(fields)

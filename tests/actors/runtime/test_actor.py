@@ -209,3 +209,16 @@ async def test_stop_finishes_the_handler_in_progress_and_leaves_the_rest(
     await successor.start()
     assert isinstance(await queued, ProbeResult)  # redelivered to the next process
     await successor.stop()
+
+
+async def test_answered_requests_are_remembered_no_longer_than_their_replies(
+    tq: Actor, client: Client
+) -> None:
+    # Only a request whose reply is cached is ever looked up as answered; this memory once kept 10,000
+    # pairs whatever the cache held, and grew TQ for thousands of rollouts after its cache was full.
+    tq.replies.capacity = 8
+    for n in range(20):
+        assert isinstance(await client.request("tq/0", probe(f"p-{n}")), ProbeResult)
+    assert len(tq.replies) == 8 and len(tq._answered_requests) == 8
+    again = await client.request("tq/0", probe("p-19"))  # the newest is still answered from the cache
+    assert isinstance(again, ProbeResult) and tq.counts["Probe"] == 20 and tq.counts["replayed"] == 1
