@@ -31,6 +31,7 @@ _sys.path.insert(0, str(_Path(__file__).resolve().parent))  # bench/ is scripts,
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import statistics
@@ -137,7 +138,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         began = time.monotonic()
         run = asyncio.ensure_future(c.run())
         seen, next_sample, last_line = 0, 0.0, 0.0
-        while not run.done():
+        while not run.done() and (args.max_seconds is None or time.monotonic() - began < args.max_seconds):
             await asyncio.wait({run}, timeout=0.5)
             fresh, seen = new_records(c, seen)
             for record in fresh:
@@ -156,17 +157,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     f"{len(snapshots)} snapshots, load {os.getloadavg()[0]:.2f}",
                     file=_sys.stderr,
                 )
-        summary = run.result()
         fresh, seen = new_records(c, seen)
         snapshots += [r | {"t_s": round(time.monotonic() - began, 1)} for r in fresh]
-        samples.append(await sample(c, began))  # the end: every rollout sealed, the actors still up
+        samples.append(await sample(c, began))  # the end: the actors still up
         seconds = time.monotonic() - began
+        stopped = not run.done()  # --max-seconds ran out first: what was sealed by then is the run
+        if stopped:
+            await cluster.cancel(run)
+            summary = None
+        else:
+            summary = run.result()
         failed = c.controller.snapshots.metrics.failed if c.controller.snapshots else 0
     return {
         "seconds": round(seconds, 1),
         "rollouts_sealed": samples[-1]["rollouts"],
         "rollouts_per_s": round(samples[-1]["rollouts"] / seconds, 2),
-        "summary": msgspec.to_builtins(summary),
+        "stopped_at_max_seconds": stopped,
+        "summary": msgspec.to_builtins(summary) if summary is not None else None,
         "snapshots_failed": failed,
         "samples": samples,
         "snapshots": snapshots,
@@ -272,7 +279,9 @@ def tables(memory: list[dict[str, Any]], steps: list[dict[str, Any]], checks: li
             " / ".join(mb(r["rss_mb"][k]) for k in ("after_warmup", "middle", "end")),
             mb(r["growth_mb_per_100k"]),
             ", ".join(
-                f"{k} {v['after_warmup']}->{v['end']} (max {v['max']})" for k, v in r["structures"].items()
+                f"{k} {v['after_warmup']}->{v['end']}"
+                for k, v in r["structures"].items()
+                if v["end"] > v["after_warmup"]  # what ended larger (the JSON has every one)
             )
             or "-",
         ]
@@ -329,6 +338,29 @@ def plot(result: dict[str, Any], path: _Path, title: str) -> None:
     common.save_figure(fig, path, title)
 
 
+def conclude(result: dict[str, Any], warmup: float) -> dict[str, Any]:
+    """The figures and the criteria from a run's samples and snapshot records."""
+    memory = memory_rows(result, warmup)
+    # The snapshots taken while rollouts ran: once the last one is sealed the run drains, and the
+    # snapshots of an idle cluster would flatter the last tenth.
+    total = result["rollouts_sealed"]
+    running = [r for r in result["snapshots"] if r.get("rollouts_sealed", total) < total]
+    steps = step_rows(running or result["snapshots"])
+    loads = [s["load_1m"] for s in result["samples"]]
+    load = {"p50": statistics.median(loads), "max": max(loads)} if loads else {}
+    return {"memory": memory, "steps": steps, "criteria": criteria(memory, steps), "load_1m": load}
+
+
+def report(result: dict[str, Any], figures: dict[str, Any]) -> str:
+    load = figures["load_1m"]
+    return (
+        f"{result['rollouts_sealed']} rollouts in {result['seconds']:.0f} s ({result['rollouts_per_s']}/s), "
+        f"{len(result['snapshots'])} snapshots ({result['snapshots_failed']} failed), "
+        f"load average (1 min) p50 {load.get('p50')} max {load.get('max')}\n"
+        + tables(figures["memory"], figures["steps"], figures["criteria"])
+    )
+
+
 def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--rollouts", type=int, default=100_000, help="rollouts in the run")
@@ -338,37 +370,25 @@ def main() -> None:
     parser.add_argument("--snapshot-every", type=float, default=3.0, help="seconds between snapshots")
     parser.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS samples")
     parser.add_argument("--warmup", type=float, default=0.1, help="fraction of the rollouts before the fit")
+    parser.add_argument(
+        "--max-seconds", type=float, help="stop the run after this long, whatever is sealed by then"
+    )
     parser.add_argument("--actor-log-level", default="warning")
+    parser.add_argument("--report", type=_Path, help="print the tables of a results JSON again; run nothing")
     common.add_quick(parser, "3,000 rollouts, a sample every 2 s")
     common.add_name(parser, "soak")
     args = parser.parse_args()
+    if args.report is not None:
+        recorded = json.loads(args.report.read_text())
+        print(report(recorded, conclude(recorded, recorded["settings"]["warmup"])))
+        return
     if args.quick:
         args.rollouts, args.sample_every = 3000, 2.0
     began = common.machine()
     result = asyncio.run(measure(args))
-    memory = memory_rows(result, args.warmup)
-    # The snapshots taken while rollouts ran: once the last one is sealed the run drains, and the
-    # snapshots of an idle cluster would flatter the last tenth.
-    total = result["rollouts_sealed"]
-    running = [r for r in result["snapshots"] if r.get("rollouts_sealed", total) < total]
-    steps = step_rows(running or result["snapshots"])
-    checks = criteria(memory, steps)
-    loads = [s["load_1m"] for s in result["samples"]]
-    load = {"p50": statistics.median(loads), "max": max(loads)} if loads else {}
-    print(
-        f"{result['rollouts_sealed']} rollouts in {result['seconds']:.0f} s ({result['rollouts_per_s']}/s), "
-        f"{len(result['snapshots'])} snapshots ({result['snapshots_failed']} failed), "
-        f"load average (1 min) p50 {load.get('p50')} max {load.get('max')}"
-    )
-    print(tables(memory, steps, checks))
-    common.write_record(
-        args.name,
-        "soak",
-        began,
-        args,
-        {"memory": memory, "steps": steps, "criteria": checks, "load_1m": load},
-        **result,
-    )
+    figures = conclude(result, args.warmup)
+    print(report(result, figures))
+    common.write_record(args.name, "soak", began, args, figures, exclude=("name", "report"), **result)
     plot(
         result,
         common.figure_path(args.name),
