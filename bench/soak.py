@@ -1,0 +1,401 @@
+"""A long run through the same actor processes: memory and per-snapshot cost over 100,000 rollouts.
+
+    python bench/soak.py [--rollouts 100000] [--in-flight 256] [--turns 1] [--snapshot-every 3]
+                         [--sample-every 5] [--warmup 0.1] [--quick] [--name soak]
+
+Every actor is its own ``parkway actor`` process over the local RabbitMQ (2 agents, 2 tool servers,
+the policy, TQ), the controller and the inline trainer in this process, as ``parkway run --broker``
+runs them. The engine is the deterministic one with no delay per token and instant tools, rollouts
+of 1 to ``--turns`` turns, so that throughput is as high as this machine allows; the controller
+takes a snapshot every ``--snapshot-every`` seconds on its own schedule. Every ``--sample-every``
+seconds the benchmark reads the resident memory (RSS, from ``/proc``) of every process (this one is "controller"),
+each actor's ``Status`` (its ``structures``: entries per per-rollout structure, where the code has
+them) and the controller's own. Every published snapshot's step durations come from the
+controller's own records (as ``bench/snapshot_pause.py`` reads them).
+
+Reported: RSS after warm-up (the first ``--warmup`` fraction of the rollouts), at the middle and at
+the end, per process, and its growth per 100,000 rollouts (a least-squares line through the samples
+after warm-up); the medians of the commit and resume steps over the first and the last tenth of the
+snapshots, and their ratio; the load average. Then the criteria of the long-run work, one pass/fail
+line each: growth under 5 MB per 100,000 rollouts per process, and the last tenth's commit and resume
+medians at most 10% above the first tenth's. Writes ``bench/results/NAME.json`` and ``.png`` (RSS and
+step times against rollouts sealed). Not a test: the criteria are printed, nothing raises.
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))  # bench/ is scripts, not a package
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import time
+import uuid
+from typing import Any
+
+import cluster
+import common
+import msgspec
+from parkway.protocol.messages import Status, StatusReport
+
+CONTROLLER = "controller"  # this process: the controller, the inline trainer, the benchmark's sampler
+GROWTH_LIMIT_MB = 5.0  # per 100,000 rollouts per process
+STEP_LIMIT = 1.10  # the last tenth's median over the first tenth's
+STEPS = ("commit", "resume")
+
+
+def workload(args: argparse.Namespace) -> dict[str, Any]:
+    prompts = math.ceil(args.rollouts / args.group_size)
+    return {
+        "run": f"soak{uuid.uuid4().hex[:6]}",
+        "seed": 5,
+        "rollout": {"group_size": args.group_size, "max_in_flight": args.in_flight},
+        "tasks": {"path": str(cluster.tasks_file(prompts, turns=(1, args.turns)))},
+        "policy": {"host": "inline", "per_token_delay_s": 0.0},
+        "resources": {"tool_delay_s": 0.0},
+        "trainer": {"batch_groups": 1},
+        "snapshot_interval_s": args.snapshot_every,
+    }
+
+
+async def status(c: cluster.Cluster, address: str) -> StatusReport | None:
+    """An actor's ``Status``, or None when it does not answer in time (sampled again later)."""
+    request = Status(checkpoint_id=f"soak-{time.monotonic_ns()}", deadline=time.time() + 10)
+    try:
+        reply = await asyncio.wait_for(c.controller.client.request(address, request), 15)
+    except Exception:  # a busy or restarting actor: this sample goes without its structures
+        return None
+    return reply if isinstance(reply, StatusReport) else None
+
+
+def rss_mb(pid: int) -> float | None:
+    """A process's resident memory in MB, from ``/proc`` (Linux; None once it has gone)."""
+    try:
+        for line in _Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 2)
+    except OSError:
+        return None
+    return None
+
+
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used so far: where the machine's time went."""
+    try:
+        fields = _Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def structures_of(thing: object) -> dict[str, int] | None:
+    """``structures`` of a ``StatusReport`` or ``structure_sizes()`` of an actor, where the code has
+    them (the hook may be absent: then None)."""
+    if isinstance(thing, StatusReport):
+        found = getattr(thing, "structures", None)
+        return dict(found) if found is not None else None
+    sizes = getattr(thing, "structure_sizes", None)
+    return dict(sizes()) if callable(sizes) else None
+
+
+async def sample(c: cluster.Cluster, began: float) -> dict[str, Any]:
+    pids = {p.name: p.pid for p in c.processes} | {CONTROLLER: os.getpid()}
+    reports = await asyncio.gather(*(status(c, p.name) for p in c.processes))
+    structures = {p.name: structures_of(r) for p, r in zip(c.processes, reports, strict=True)}
+    structures[CONTROLLER] = structures_of(c.controller)
+    return {
+        "t_s": round(time.monotonic() - began, 1),
+        "rollouts": c.controller.counts["rollouts_sealed"],
+        "load_1m": round(os.getloadavg()[0], 2),
+        "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
+        "cpu_s": {name: cpu_s(pid) for name, pid in pids.items()},
+        "structures": structures,
+    }
+
+
+def new_records(c: cluster.Cluster, seen: int) -> tuple[list[dict[str, Any]], int]:
+    """Snapshot records published since ``seen`` were (by the controller's count, which goes on if
+    the records themselves are ever bounded)."""
+    snapshots = c.controller.snapshots
+    if snapshots is None:
+        return [], seen
+    published = snapshots.metrics.published
+    fresh = min(published - seen, len(snapshots.metrics.records))
+    records = list(snapshots.metrics.records)[-fresh:] if fresh > 0 else []
+    return [dict(r) for r in records], published
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    samples: list[dict[str, Any]] = []
+    snapshots: list[dict[str, Any]] = []
+    async with cluster.started(workload(args), "rabbitmq", actor_log_level=args.actor_log_level) as c:
+        began = time.monotonic()
+        run = asyncio.ensure_future(c.run())
+        seen, next_sample, last_line = 0, 0.0, 0.0
+        while not run.done() and (args.max_seconds is None or time.monotonic() - began < args.max_seconds):
+            await asyncio.wait({run}, timeout=0.5)
+            fresh, seen = new_records(c, seen)
+            for record in fresh:
+                record["t_s"] = round(time.monotonic() - began, 1)
+                record["rollouts_sealed"] = c.controller.counts["rollouts_sealed"]
+                snapshots.append(record)
+            now = time.monotonic() - began
+            if now >= next_sample and not run.done():
+                samples.append(await sample(c, began))
+                next_sample = now + args.sample_every
+            if now - last_line >= 60:
+                last_line = now
+                done = c.controller.counts["rollouts_sealed"]
+                print(
+                    f"  {now:6.0f} s: {done} rollouts sealed ({done / max(now, 1e-9):.1f}/s), "
+                    f"{len(snapshots)} snapshots, load {os.getloadavg()[0]:.2f}",
+                    file=_sys.stderr,
+                )
+        fresh, seen = new_records(c, seen)
+        snapshots += [r | {"t_s": round(time.monotonic() - began, 1)} for r in fresh]
+        samples.append(await sample(c, began))  # the end: the actors still up
+        seconds = time.monotonic() - began
+        stopped = not run.done()  # --max-seconds ran out first: what was sealed by then is the run
+        if stopped:
+            await cluster.cancel(run)
+            summary = None
+        else:
+            summary = run.result()
+        failed = c.controller.snapshots.metrics.failed if c.controller.snapshots else 0
+    return {
+        "seconds": round(seconds, 1),
+        "rollouts_sealed": samples[-1]["rollouts"],
+        "rollouts_per_s": round(samples[-1]["rollouts"] / seconds, 2),
+        "stopped_at_max_seconds": stopped,
+        "summary": msgspec.to_builtins(summary) if summary is not None else None,
+        "snapshots_failed": failed,
+        "samples": samples,
+        "snapshots": snapshots,
+    }
+
+
+# -- what the samples say ----------------------------------------------------------------------------
+
+
+def nearest(samples: list[dict[str, Any]], rollouts: float) -> dict[str, Any]:
+    return min(samples, key=lambda s: abs(s["rollouts"] - rollouts))
+
+
+def growth_per_100k(points: list[tuple[float, float]]) -> float | None:
+    """MB per 100,000 rollouts: the slope of a least-squares line through (rollouts, MB)."""
+    if len(points) < 3 or len({x for x, _ in points}) < 2:
+        return None
+    slope, _ = statistics.linear_regression([x for x, _ in points], [y for _, y in points])
+    return round(slope * 100_000, 2)
+
+
+def memory_rows(result: dict[str, Any], warmup: float) -> list[dict[str, Any]]:
+    samples = [s for s in result["samples"] if s["rollouts"] > 0]
+    total = result["rollouts_sealed"]
+    after = [s for s in samples if s["rollouts"] >= warmup * total]
+    if not after:
+        return []
+    first, middle, last = after[0], nearest(after, (after[0]["rollouts"] + total) / 2), after[-1]
+    rows = []
+    for name in samples[-1]["rss_mb"]:
+        points = [(s["rollouts"], s["rss_mb"][name]) for s in after if s["rss_mb"].get(name) is not None]
+        structures = {}
+        for key in sorted(set().union(*((s["structures"].get(name) or {}) for s in after))):
+            values = [(s["structures"].get(name) or {}).get(key) for s in after]
+            known = [v for v in values if v is not None]
+            structures[key] = {"after_warmup": known[0], "end": known[-1], "max": max(known)}
+        rows.append(
+            {
+                "process": name,
+                "rss_mb": {
+                    k: s["rss_mb"].get(name)
+                    for k, s in (("after_warmup", first), ("middle", middle), ("end", last))
+                },
+                "growth_mb_per_100k": growth_per_100k(points),
+                "structures": structures,
+            }
+        )
+    return rows
+
+
+def median_of(records: list[dict[str, Any]], step: str) -> float | None:
+    values = [r["steps_ms"][step] for r in records if step in r.get("steps_ms", {})]
+    return round(statistics.median(values), 3) if values else None
+
+
+def step_rows(snapshots: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    tenth = max(1, len(snapshots) // 10)
+    head, tail = snapshots[:tenth], snapshots[-tenth:]
+    rows = []
+    for step in (*STEPS, "pause"):
+        if step == "pause":
+            first = statistics.median(r["pause_ms"] for r in head) if head else None
+            last = statistics.median(r["pause_ms"] for r in tail) if tail else None
+        else:
+            first, last = median_of(head, step), median_of(tail, step)
+        ratio = round(last / first, 3) if first and last is not None else None
+        rows.append(
+            {"step": step, "first_tenth_ms": first, "last_tenth_ms": last, "ratio": ratio, "per_tenth": tenth}
+        )
+    return rows
+
+
+def criteria(memory: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    checks = []
+    for row in memory:
+        growth = row["growth_mb_per_100k"]
+        checks.append(
+            {
+                "check": f"{row['process']}: RSS growth < {GROWTH_LIMIT_MB:g} MB per 100,000 rollouts",
+                "value": growth,
+                "passed": growth is not None and growth < GROWTH_LIMIT_MB,
+            }
+        )
+    for row in steps:
+        if row["step"] in STEPS:
+            checks.append(
+                {
+                    "check": f"{row['step']}: last tenth's median <= {STEP_LIMIT:.2f} x the first tenth's",
+                    "value": row["ratio"],
+                    "passed": row["ratio"] is not None and row["ratio"] <= STEP_LIMIT,
+                }
+            )
+    return checks
+
+
+def tables(memory: list[dict[str, Any]], steps: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
+    def mb(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    grown = [
+        [
+            r["process"],
+            " / ".join(mb(r["rss_mb"][k]) for k in ("after_warmup", "middle", "end")),
+            mb(r["growth_mb_per_100k"]),
+            ", ".join(
+                f"{k} {v['after_warmup']}->{v['end']}"
+                for k, v in r["structures"].items()
+                if v["end"] > v["after_warmup"]  # what ended larger (the JSON has every one)
+            )
+            or "-",
+        ]
+        for r in memory
+    ]
+    timed = [
+        [
+            s["step"],
+            mb(s["first_tenth_ms"]),
+            mb(s["last_tenth_ms"]),
+            "-" if s["ratio"] is None else f"{s['ratio']:.3f}",
+        ]
+        for s in steps
+    ]
+    lines = [
+        common.markdown_table(
+            ["process", "RSS after warm-up / middle / end (MB)", "MB per 100k rollouts", "structures"],
+            grown,
+            "lrrl",
+        ),
+        "",
+        common.markdown_table(["step", "first tenth p50 (ms)", "last tenth p50 (ms)", "ratio"], timed),
+        "",
+    ]
+    lines += [f"{'PASS' if c['passed'] else 'FAIL'}  {c['check']}: {c['value']}" for c in checks]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: _Path, title: str) -> None:
+    plt = common.pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    samples = result["samples"]
+    for name in samples[-1]["rss_mb"]:
+        points = [(s["rollouts"], s["rss_mb"][name]) for s in samples if s["rss_mb"].get(name) is not None]
+        top.plot([x for x, _ in points], [y for _, y in points], "-", lw=1.2, label=name)
+    top.set_ylabel("RSS (MB)")
+    top.set_title("Resident memory of every process")
+    top.grid(True, alpha=0.3)
+    top.legend(fontsize=7, ncol=4, loc="upper left")
+    snaps = [s for s in result["snapshots"] if "rollouts_sealed" in s]
+    for step, style in (("commit", "tab:red"), ("resume", "tab:blue")):
+        xs = [s["rollouts_sealed"] for s in snaps if step in s["steps_ms"]]
+        ys = [s["steps_ms"][step] for s in snaps if step in s["steps_ms"]]
+        bottom.plot(xs, ys, ".", ms=2.5, color=style, alpha=0.5, label=f"{step} (each snapshot)")
+        window = max(1, len(ys) // 50)
+        rolling = [statistics.median(ys[max(0, i - window) : i + window + 1]) for i in range(len(ys))]
+        bottom.plot(xs, rolling, "-", color=style, lw=1.5, label=f"{step}, running median")
+    bottom.set_xlabel("rollouts sealed")
+    bottom.set_ylabel("step duration (ms)")
+    bottom.set_yscale("log")
+    bottom.set_title("Snapshot steps over the run (the controller's own measurements)")
+    bottom.grid(True, alpha=0.3)
+    bottom.legend(fontsize=7, loc="upper left")
+    common.save_figure(fig, path, title)
+
+
+def conclude(result: dict[str, Any], warmup: float) -> dict[str, Any]:
+    """The figures and the criteria from a run's samples and snapshot records."""
+    memory = memory_rows(result, warmup)
+    # The snapshots taken while rollouts ran: once the last one is sealed the run drains, and the
+    # snapshots of an idle cluster would flatter the last tenth.
+    total = result["rollouts_sealed"]
+    running = [r for r in result["snapshots"] if r.get("rollouts_sealed", total) < total]
+    steps = step_rows(running or result["snapshots"])
+    loads = [s["load_1m"] for s in result["samples"]]
+    load = {"p50": statistics.median(loads), "max": max(loads)} if loads else {}
+    return {"memory": memory, "steps": steps, "criteria": criteria(memory, steps), "load_1m": load}
+
+
+def report(result: dict[str, Any], figures: dict[str, Any]) -> str:
+    load = figures["load_1m"]
+    return (
+        f"{result['rollouts_sealed']} rollouts in {result['seconds']:.0f} s ({result['rollouts_per_s']}/s), "
+        f"{len(result['snapshots'])} snapshots ({result['snapshots_failed']} failed), "
+        f"load average (1 min) p50 {load.get('p50')} max {load.get('max')}\n"
+        + tables(figures["memory"], figures["steps"], figures["criteria"])
+    )
+
+
+def main() -> None:
+    parser = common.parser(__doc__)
+    parser.add_argument("--rollouts", type=int, default=100_000, help="rollouts in the run")
+    parser.add_argument("--in-flight", type=int, default=256, help="rollouts dispatched at once")
+    parser.add_argument("--turns", type=int, default=1, help="rollouts have 1 to this many turns")
+    parser.add_argument("--group-size", type=int, default=16, help="siblings per prompt")
+    parser.add_argument("--snapshot-every", type=float, default=3.0, help="seconds between snapshots")
+    parser.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS samples")
+    parser.add_argument("--warmup", type=float, default=0.1, help="fraction of the rollouts before the fit")
+    parser.add_argument(
+        "--max-seconds", type=float, help="stop the run after this long, whatever is sealed by then"
+    )
+    parser.add_argument("--actor-log-level", default="warning")
+    parser.add_argument("--report", type=_Path, help="print the tables of a results JSON again; run nothing")
+    common.add_quick(parser, "3,000 rollouts, a sample every 2 s")
+    common.add_name(parser, "soak")
+    args = parser.parse_args()
+    if args.report is not None:
+        recorded = json.loads(args.report.read_text())
+        print(report(recorded, conclude(recorded, recorded["settings"]["warmup"])))
+        return
+    if args.quick:
+        args.rollouts, args.sample_every = 3000, 2.0
+    began = common.machine()
+    result = asyncio.run(measure(args))
+    figures = conclude(result, args.warmup)
+    print(report(result, figures))
+    common.write_record(args.name, "soak", began, args, figures, exclude=("name", "report"), **result)
+    plot(
+        result,
+        common.figure_path(args.name),
+        f"{result['rollouts_sealed']} rollouts, {args.in_flight} in flight, 1-{args.turns} turns, a snapshot "
+        f"every {args.snapshot_every:g} s, {common.machine_line(began)}",
+    )
+
+
+if __name__ == "__main__":
+    main()
