@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
-import structlog
 from parkway.brokers.base import Broker, DeadLetterBounds
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 from tests.support.rabbit import AMQP_URL, delete_run, rabbitmq_reachable
-
-
-@pytest.fixture(autouse=True)
-def _structlog_config_restored() -> Iterator[None]:
-    """A test that runs a CLI command configures logging to the stream it captured; the next test
-    must not log into that closed stream."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
 
 pytest_plugins = ["tests.support.markers"]
 

@@ -19,6 +19,9 @@ def test_an_unexpected_failure_is_one_line_and_exit_code_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(workload, "run_workload", failing_run)
+    # Logging set up into the stream capsys captures would outlive it: later tests would log into a
+    # closed file. The failure line is printed by the CLI itself, not logged.
+    monkeypatch.setattr(workload, "configure_logging", lambda **_: None)
     monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
     code = cli.main(["run", "--broker", "memory://", "--json", "--progress", "never"])
     err = capsys.readouterr().err
