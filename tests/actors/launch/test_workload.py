@@ -112,6 +112,12 @@ async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_pat
         await dispatch(self)
 
     monkeypatch.setattr(Dispatcher, "dispatch_ready", observed)
-    summary = await run(tmp_path, tasks={"limit": 12}, rollout={"group_size": 1, "max_in_flight": 2})
+    # A trainer slower than generation is held to a batch waiting by the backpressure bound.
+    summary = await run(
+        tmp_path,
+        tasks={"limit": 12},
+        rollout={"group_size": 1, "max_in_flight": 2},
+        trainer={"batch_groups": 2, "max_untrained_groups": 2},
+    )
     assert summary.rollouts_sealed == summary.rollouts_expected == 12 and summary.train_steps == 6
     assert max(sizes) <= 2 + 2  # the two in flight, and at most a batch waiting for the trainer
