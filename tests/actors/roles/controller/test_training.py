@@ -88,6 +88,14 @@ async def run_on(
     return controller, asyncio.ensure_future(workload())
 
 
+async def wound_up(trainer: GatedTrainer, workload: asyncio.Task[RunSummary]) -> None:
+    """However the test ended: the trainer let go and the workload finished or cancelled."""
+    trainer.open()
+    if not workload.done():
+        workload.cancel()
+    await asyncio.gather(workload, return_exceptions=True)
+
+
 def trainer_steps(state: Path) -> list[tuple[int, tuple[str, ...]]]:
     records = TrainerRecords(state / ACTOR_STATE_DIR / CONFIG["run"] / "trainer" / "0" / "steps")
     return [(r.step, r.groups) for r in records.steps()]
@@ -150,10 +158,7 @@ async def test_training_does_not_block_the_controller(tmp_path: Path) -> None:
         gated.open()
         summary = await workload
     finally:
-        gated.open()
-        if not workload.done():
-            workload.cancel()
-        await asyncio.gather(workload, return_exceptions=True)
+        await wound_up(gated, workload)
     assert summary.rollouts_sealed == 9 and summary.snapshots_published >= 1
     assert [s for s, _ in trainer_steps(tmp_path)] == [1, 2, 3]
 
@@ -187,10 +192,7 @@ async def test_a_trainer_behind_holds_admission_at_the_bound_of_untrained_groups
         gated.open()
         summary = await workload
     finally:
-        gated.open()
-        if not workload.done():
-            workload.cancel()
-        await asyncio.gather(workload, return_exceptions=True)
+        await wound_up(gated, workload)
     assert summary.rollouts_sealed == 12
     assert [s for s, _ in trainer_steps(tmp_path)] == [1, 2, 3, 4]
 
