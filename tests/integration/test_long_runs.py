@@ -30,11 +30,17 @@ GROUP = 10
 LONG_TASKS = int(os.environ.get("PARKWAY_LONG_RUN_TASKS", "150"))  # x GROUP rollouts
 SHORT_TASKS = 8
 FENCE = 64  # forgotten ids a participant keeps as a fence (PARKWAY_FORGET_FENCE)
+# Rollouts a participant holds: those in flight, the refs the controller batches until as many wait as
+# are in flight, one such batch on its way, and what ends while a checkpoint holds a Forget back (no
+# more than are in flight); plus the fence. Per-turn structures hold max_turns entries a rollout.
 BOUND = 4 * IN_FLIGHT + FENCE
+MAX_TURNS = 2
+PER_TURN = {"generation_turns"}
 # Caches of a fixed capacity (the runtime's reply cache, its journal, the requests it answered): bounded
 # by their capacity, not per rollout; they are checked against it, not against the rollouts in flight.
 FIXED = {
     "reply_cache": 4096,
+    "reply_cache_bytes": 16 << 20,
     "answered_requests": 10_000,
     "reply_journal_records": 10**9,
     "reply_journal_bytes": 10**12,
@@ -49,7 +55,7 @@ def config_text(tasks: Path) -> str:
     return f"""
 run: long
 seed: 7
-rollout: {{group_size: {GROUP}, max_turns: 2, max_in_flight: {IN_FLIGHT}}}
+rollout: {{group_size: {GROUP}, max_turns: {MAX_TURNS}, max_in_flight: {IN_FLIGHT}}}
 tasks: {{path: {tasks}}}
 policy: {{engine: deterministic, host: inline, per_token_delay_s: 0.0}}
 topology: {{agents: 2, resources: 2}}
@@ -60,7 +66,9 @@ snapshot_interval_s: 1.0
 
 def write_config(directory: Path, name: str, tasks: int) -> Path:
     lines = [
-        json.dumps({"env": "counter", "prompt": f"Raise the counter and report it ({n}).", "max_turns": 2})
+        json.dumps(
+            {"env": "counter", "prompt": f"Raise the counter and report it ({n}).", "max_turns": MAX_TURNS}
+        )
         for n in range(tasks)
     ]
     path = directory / f"{name}.jsonl"
@@ -141,7 +149,7 @@ async def test_thousands_of_rollouts_keep_state_bounded_and_three_runs_each_coun
         assert reports[-1].structures, f"{address} reports no structures"
         for name in {n for r in reports for n in r.structures}:
             peak = max(r.structures.get(name, 0) for r in reports)
-            limit = FIXED.get(name, BOUND)
+            limit = FIXED.get(name, MAX_TURNS * 4 * IN_FLIGHT if name in PER_TURN else BOUND)
             assert peak <= limit, f"{address} {name}: {peak} entries at most, bound {limit}, {served} served"
     long_s = time.monotonic() - started
 

@@ -3,8 +3,9 @@
 A rollout's attempts become forgettable once its result is sealed in the ledger (or given up for good)
 AND the Ack of the receipt that ended it was sent: the agent has then dropped the result, and nothing
 of the rollout is needed again except what the ledger and TQ keep for the trainer. The refs are
-batched (``FORGET_BATCH`` per message, flushed when a batch is full, every ``FORGET_FLUSH_S`` and at
-the end of a run) and one ``Forget`` goes to every participant, each request retried a bounded number
+batched (``FORGET_BATCH`` per message, flushed every ``FORGET_FLUSH_S``, at the end of a run, and as
+soon as as many refs wait as the run has rollouts in flight: what a participant holds of ended rollouts
+is then bounded by the in-flight cap, however fast rollouts end) and one ``Forget`` goes to every participant, each request retried a bounded number
 of times. A participant that does not answer never holds the run up: its refs are kept (bounded by
 ``FORGET_BACKLOG``) and sent to it again with the next flush; past the bound they are dropped and
 counted (``forget_dropped``): a participant bounds what it holds by itself too.
@@ -59,6 +60,11 @@ class Forgetting:
         self.on_forget: list[Callable[[Iterable[Key]], None]] = []  # the controller's own records
         self._full = asyncio.Event()
         self._sending = asyncio.Lock()
+        self.flush_at = FORGET_BATCH  # refs that flush at once; a run sets its in-flight cap
+
+    def bound_by(self, in_flight: int) -> None:
+        """Flush as soon as ``in_flight`` refs wait (at least 16, at most a full message)."""
+        self.flush_at = max(16, min(FORGET_BATCH, in_flight))
 
     # -- what ended --------------------------------------------------------------------------------
     def ended(self, refs: tuple[AttemptRef, ...], *, ack_of: Key | None) -> None:
@@ -83,7 +89,7 @@ class Forgetting:
         keys = [(r.rollout_id, r.attempt) for r in refs]
         for listener in self.on_forget:
             listener(keys)
-        if len(self._batch) >= FORGET_BATCH:
+        if len(self._batch) >= self.flush_at:
             self._full.set()
 
     def sizes(self) -> dict[str, int]:
@@ -97,7 +103,7 @@ class Forgetting:
 
     # -- sending -----------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Flush every ``FORGET_FLUSH_S``, or as soon as a batch is full."""
+        """Flush every ``FORGET_FLUSH_S``, or as soon as ``flush_at`` refs wait."""
         while True:
             self._full.clear()
             with contextlib.suppress(TimeoutError):
