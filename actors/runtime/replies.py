@@ -12,6 +12,10 @@ file, fsynced, renamed over it) when any of these is passed:
   rewritten when its oldest record is a quarter past it.
 - twice ``capacity`` records (tombstones included); the cache itself holds at most ``capacity``.
 
+In memory the cache holds at most ``capacity`` replies and at most ``max_memory_bytes``
+(``PARKWAY_REPLY_CACHE_MAX_BYTES``) of their content, the oldest forgotten first: an actor whose
+replies are large (TQ's rows for the trainer) would otherwise fill ``capacity`` with megabytes each.
+
 Each bound leaves at least half its allowance (a quarter of the age) before the next rewrite, so the
 rewrites cost a constant share of what is appended, not a rewrite per reply.
 
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
-from parkway.actors.runtime.settings import reply_journal_max_bytes, reply_max_age_s
+from parkway.actors.runtime.settings import reply_cache_max_bytes, reply_journal_max_bytes, reply_max_age_s
 from parkway.protocol.ids import capture_key
 from parkway.protocol.messages import AttemptRef
 
@@ -63,9 +67,12 @@ class ReplyCache:
         journal: Path | None = None,
         max_bytes: int = 4 << 20,
         max_age_s: float = 7200.0,
+        max_memory_bytes: int = 16 << 20,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.capacity = capacity
+        self.max_memory_bytes = max_memory_bytes
+        self._memory_bytes = 0  # content held in memory, of every entry
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self._clock = clock
@@ -84,7 +91,10 @@ class ReplyCache:
     def from_env(cls, *, journal: Path | None, environ: Mapping[str, str] | None = None) -> ReplyCache:
         """With the bounds of ``PARKWAY_REPLY_JOURNAL_MAX_BYTES`` and ``PARKWAY_REPLY_MAX_AGE_S``."""
         return cls(
-            journal=journal, max_bytes=reply_journal_max_bytes(environ), max_age_s=reply_max_age_s(environ)
+            journal=journal,
+            max_bytes=reply_journal_max_bytes(environ),
+            max_age_s=reply_max_age_s(environ),
+            max_memory_bytes=reply_cache_max_bytes(environ),
         )
 
     def __len__(self) -> int:
@@ -95,6 +105,7 @@ class ReplyCache:
         return {
             "reply_cache": len(self._entries),
             "reply_cache_running": len(self._running),
+            "reply_cache_bytes": self._memory_bytes,
             "reply_journal_records": self._journal_records,
             "reply_journal_bytes": self._journal_bytes,
         }
@@ -136,13 +147,13 @@ class ReplyCache:
         """Forget every reply except those of the message types in ``keep``; returns how many."""
         doomed = [k for k in self._entries if k[1] not in keep]
         for key in doomed:
-            del self._entries[key]
+            self._remove(key)
         if doomed and self._journal is not None:
             self._rewrite(self._journal)
         return len(doomed)
 
     def _drop(self, doomed: list[ReplyKey]) -> int:
-        journalled = [key for key in doomed if self._entries.pop(key).durable]
+        journalled = [key for key in doomed if self._remove(key).durable]
         if journalled and self._journal is not None:
             # Tombstones, so a restart does not revive them: one write and one fsync for all of them.
             self._append(*(_Record(*key, b"") for key in journalled))
@@ -150,11 +161,9 @@ class ReplyCache:
 
     def _store(self, key: ReplyKey, content: bytes, *, durable: bool) -> None:
         now = self._clock()
-        self._entries[key] = _Entry(content, now, durable)
-        self._entries.move_to_end(key)
+        self._put(key, _Entry(content, now, durable))
         self._expire(now)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self._bound()
         if durable and self._journal is not None:
             self._append(_Record(*key, content, now))
 
@@ -165,7 +174,26 @@ class ReplyCache:
             first = next(iter(self._entries.values()))
             if first.at >= horizon:
                 break
-            self._entries.popitem(last=False)
+            self._remove(next(iter(self._entries)))
+
+    def _put(self, key: ReplyKey, entry: _Entry) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._memory_bytes -= len(old.content)
+        self._entries[key] = entry  # the newest last
+        self._memory_bytes += len(entry.content)
+
+    def _remove(self, key: ReplyKey) -> _Entry:
+        entry = self._entries.pop(key)
+        self._memory_bytes -= len(entry.content)
+        return entry
+
+    def _bound(self) -> None:
+        """At most ``capacity`` replies and ``max_memory_bytes`` of them; the newest always stays."""
+        while len(self._entries) > self.capacity or (
+            self._memory_bytes > self.max_memory_bytes and len(self._entries) > 1
+        ):
+            self._remove(next(iter(self._entries)))
 
     # -- journal -------------------------------------------------------------------------------
     def _load(self, path: Path) -> None:
@@ -188,14 +216,12 @@ class ReplyCache:
             key = (record.correlation_id, record.message_type, record.sender)
             if record.content:
                 # A record of a journal older than timestamps is taken as cached now: kept its full age.
-                self._entries[key] = _Entry(record.content, record.at or loaded_at, True)
-                self._entries.move_to_end(key)
-            else:
-                self._entries.pop(key, None)
+                self._put(key, _Entry(record.content, record.at or loaded_at, True))
+            elif key in self._entries:
+                self._remove(key)
             offset += _RECORD_HEAD + size
         self._expire(loaded_at)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self._bound()
         self._rewrite(path)
 
     def _append(self, *records: _Record) -> None:
@@ -237,7 +263,7 @@ class ReplyCache:
             written += len(record)
         durable = [key for key in self._entries if self._entries[key].durable]
         for key in durable[: len(durable) - len(kept)]:  # the oldest, beyond the budget
-            del self._entries[key]
+            self._remove(key)
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as handle:
             handle.write(b"".join(reversed(kept)))  # oldest first, the order a load replays them in

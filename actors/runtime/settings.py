@@ -43,6 +43,9 @@ DEFAULT_MAX_DEADLINE_S = DEFAULT_MAX_LEASE_S  # a deadline that far ahead still 
 REPLY_JOURNAL_MAX_BYTES_ENV = "PARKWAY_REPLY_JOURNAL_MAX_BYTES"
 DEFAULT_REPLY_JOURNAL_MAX_BYTES = 4 << 20
 MIN_REPLY_JOURNAL_MAX_BYTES = 64 << 10
+REPLY_CACHE_MAX_BYTES_ENV = "PARKWAY_REPLY_CACHE_MAX_BYTES"
+DEFAULT_REPLY_CACHE_MAX_BYTES = 16 << 20
+MIN_REPLY_CACHE_MAX_BYTES = 64 << 10
 REPLY_MAX_AGE_ENV = "PARKWAY_REPLY_MAX_AGE_S"
 DEFAULT_REPLY_MAX_AGE_S = 2 * DEFAULT_MAX_DEADLINE_S  # past any deadline a retry of the command can carry
 RECEIPT_RESEND_ENV = "PARKWAY_RECEIPT_RESEND_S"
@@ -102,6 +105,19 @@ def reply_journal_max_bytes(environ: Mapping[str, str] | None = None) -> int:
         raise SettingsError(
             f"{REPLY_JOURNAL_MAX_BYTES_ENV}={text!r}: want a number of bytes, at least "
             f"{MIN_REPLY_JOURNAL_MAX_BYTES}"
+        )
+    return int(text)
+
+
+def reply_cache_max_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The content the reply cache holds in memory at most: ``PARKWAY_REPLY_CACHE_MAX_BYTES``, else
+    16 MiB (the oldest replies are forgotten first)."""
+    text = (os.environ if environ is None else environ).get(REPLY_CACHE_MAX_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_REPLY_CACHE_MAX_BYTES
+    if not text.isdigit() or int(text) < MIN_REPLY_CACHE_MAX_BYTES:
+        raise SettingsError(
+            f"{REPLY_CACHE_MAX_BYTES_ENV}={text!r}: want a number of bytes, at least {MIN_REPLY_CACHE_MAX_BYTES}"
         )
     return int(text)
 

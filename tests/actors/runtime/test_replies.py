@@ -9,7 +9,12 @@ from pathlib import Path
 import msgspec
 import pytest
 from parkway.actors.runtime.replies import ReplyCache, _Record
-from parkway.actors.runtime.settings import SettingsError, reply_journal_max_bytes, reply_max_age_s
+from parkway.actors.runtime.settings import (
+    SettingsError,
+    reply_cache_max_bytes,
+    reply_journal_max_bytes,
+    reply_max_age_s,
+)
 from parkway.protocol.messages import AttemptRef
 
 
@@ -127,12 +132,38 @@ async def test_a_running_command_is_counted_until_it_is_settled() -> None:
     assert cache.sizes() == {
         "reply_cache": 1,
         "reply_cache_running": 0,
+        "reply_cache_bytes": 1,
         "reply_journal_records": 0,
         "reply_journal_bytes": 0,
     }
 
 
+def test_large_replies_are_bounded_by_bytes_in_memory_and_the_journal_reloads_within_them(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "replies.journal"
+    cache = ReplyCache(journal=path, max_memory_bytes=100 << 10, clock=Clock())
+    for n in range(10):  # 30 KiB each: three fit in 100 KiB
+        reply(cache, f"fetch-{n}", kind="FetchRows", size=30 << 10)
+        assert cache.get((f"fetch-{n}", "FetchRows", "controller/0")) is not None  # the newest stays
+    kept = sorted(k[0] for k in cache._entries)
+    assert kept == ["fetch-7", "fetch-8", "fetch-9"]
+    assert cache.sizes()["reply_cache_bytes"] == 3 * (30 << 10)
+    again = ReplyCache(journal=path, max_memory_bytes=70 << 10, clock=Clock())
+    assert sorted(k[0] for k in again._entries) == ["fetch-8", "fetch-9"]
+    assert again.sizes()["reply_cache_bytes"] == 2 * (30 << 10)
+    again.evict("fetch-9")
+    assert again.sizes()["reply_cache_bytes"] == 30 << 10
+    # One reply larger than the whole budget is still kept (alone): its duplicate is the likely one.
+    reply(again, "huge", kind="FetchRows", size=200 << 10)
+    assert [k[0] for k in again._entries] == ["huge"]
+
+
 def test_the_settings_have_defaults_and_refuse_bad_values() -> None:
+    assert reply_cache_max_bytes({}) == 16 << 20
+    assert reply_cache_max_bytes({"PARKWAY_REPLY_CACHE_MAX_BYTES": "65536"}) == 64 << 10
+    with pytest.raises(SettingsError, match="at least"):
+        reply_cache_max_bytes({"PARKWAY_REPLY_CACHE_MAX_BYTES": "-1"})
     assert reply_journal_max_bytes({}) == 4 << 20
     assert reply_max_age_s({}) == 7200.0
     assert reply_max_age_s({"PARKWAY_MAX_DEADLINE_S": "5000"}) == 10000.0
