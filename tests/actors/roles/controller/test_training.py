@@ -24,6 +24,7 @@ from parkway.actors.storage.trainer import TrainerRecords
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.anchor import decode_ledger_file
 from parkway.protocol.layout import ACTOR_STATE_DIR, SNAPSHOTS_DIR
+from parkway.protocol.ledger import GroupState
 
 from tests.support.embedded import embedded_run
 from tests.support.signed import SECRET
@@ -165,9 +166,10 @@ async def test_training_does_not_block_the_controller(tmp_path: Path) -> None:
 
 async def test_a_trainer_behind_holds_admission_at_the_bound_of_untrained_groups(tmp_path: Path) -> None:
     """Backpressure: with step 1 held, admission stops once ``trainer.max_untrained_groups`` (2) groups
-    are sealed and not trained; the group already admitted (one group in flight at a time) still
-    finishes, and none after it is admitted, however long the trainer takes. Released, the run admits
-    again and trains every group once."""
+    are sealed and not trained; a group admitted before the second one sealed (one group in flight at
+    a time: admitted when the last rollout of the one before completes, which can be just before or
+    just after its seal) still finishes, and none after it is admitted, however long the trainer takes.
+    Released, the run admits again and trains every group once."""
     rollout = {**CONFIG["rollout"], "max_in_flight": 3}
     data = {
         **CONFIG,
@@ -179,16 +181,27 @@ async def test_a_trainer_behind_holds_admission_at_the_bound_of_untrained_groups
     config = from_dict(data)
     gated = GatedTrainer()
     controller, workload = await run_on(config, tmp_path, gated)
+
+    def held_and_settled() -> bool:
+        ledger = controller.state.ledger  # the run's (a run starts with a ledger of its own)
+        return (
+            controller.counts["admission_waits_for_trainer"] >= 1
+            and ledger.in_flight() == 0
+            and all(g.state is not GroupState.GENERATING for g in ledger.groups.values())
+        )
+
     try:
         await until_called(gated, 1)
-        while controller.counts["rollouts_sealed"] < 9:  # noqa: ASYNC110 - another task's counters
+        while not held_and_settled():  # noqa: ASYNC110 - another task's counters
             await asyncio.sleep(0.01)
-        assert controller.counts["admission_waits_for_trainer"] == 1
+        admitted, ledger = controller.state.next_task, controller.state.ledger
+        assert admitted in (2, 3) and len(ledger.groups) == admitted  # none trained yet
         for _ in range(5):  # the run loop woken again and again: admission stays held
             controller._wake.set()
             await asyncio.sleep(0.02)
-        assert controller.state.next_task == 3 and len(controller.state.ledger.groups) == 3
-        assert controller.counts["rollouts_sealed"] == 9 and gated.calls == 1
+        assert controller.counts["admission_waits_for_trainer"] == 1
+        assert controller.state.next_task == admitted and len(ledger.groups) == admitted
+        assert controller.counts["rollouts_sealed"] == 3 * admitted and gated.calls == 1
         gated.open()
         summary = await workload
     finally:
