@@ -42,7 +42,13 @@ from parkway.protocol.messages import Status, StatusReport
 URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 SECRET = b"bench"
 
-configure_logging(level=os.environ.get("PARKWAY_BENCH_LOG_LEVEL", "warning"), stream=sys.stderr)
+
+
+def bench_logging() -> None:
+    """This process's actors log JSON lines to stderr, warnings only unless ``PARKWAY_BENCH_LOG_LEVEL``.
+    Called when a cluster starts, not on import: a test importing a bench must not reconfigure the
+    logging of every test after it (``capture_logs`` would see nothing below the level)."""
+    configure_logging(level=os.environ.get("PARKWAY_BENCH_LOG_LEVEL", "warning"), stream=sys.stderr)
 
 
 def roles(config: RunConfig) -> list[tuple[str, int]]:
@@ -98,6 +104,7 @@ async def started(
     deleted afterwards unless ``keep_queues``."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    bench_logging()
     config = from_dict(data)
     tasks = load_tasks(config.tasks)
     state = state or Path(tempfile.mkdtemp(prefix="parkway-bench-"))

@@ -23,6 +23,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         import matplotlib.font_manager  # noqa: F401
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Nothing imported while collecting may configure logging: every test after it would log through
+    that configuration (a level filter hides events from ``capture_logs``), in an order-dependent way.
+    Configure it in a function, when it is needed."""
+    import structlog
+
+    if structlog.is_configured():
+        raise pytest.UsageError(
+            "structlog was configured while the tests were collected (a module configures logging on "
+            "import): " + repr(structlog.get_config()["wrapper_class"])
+        )
+
+
 @pytest.fixture
 def amqp_url() -> str:
     # A test that needs the real broker fails loudly without it: a skip would hide a missing broker in CI.
