@@ -80,13 +80,17 @@ class Cluster:
             **kwargs,
         )
 
-    async def counts(self, address: str) -> dict[str, int]:
-        """An actor's counters (``Status``), e.g. the policy's ``tokens_generated``."""
+    async def status(self, address: str) -> StatusReport:
+        """An actor's ``Status``: its counters, its messages in flight, its phase."""
         reply = await self.controller.client.request(
             address, Status(checkpoint_id=f"bench-{time.monotonic_ns()}", deadline=time.time() + 10)
         )
         assert isinstance(reply, StatusReport), reply
-        return dict(reply.counts)
+        return reply
+
+    async def counts(self, address: str) -> dict[str, int]:
+        """An actor's counters (``Status``), e.g. the policy's ``tokens_generated``."""
+        return dict((await self.status(address)).counts)
 
 
 @contextlib.asynccontextmanager
