@@ -43,7 +43,6 @@ URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:567
 SECRET = b"bench"
 
 
-
 def bench_logging() -> None:
     """This process's actors log JSON lines to stderr, warnings only unless ``PARKWAY_BENCH_LOG_LEVEL``.
     Called when a cluster starts, not on import: a test importing a bench must not reconfigure the
