@@ -1,5 +1,6 @@
 """A workspace's digest computed by walking its directory, independently of the environment's records
-(the format docs/workspace.md spells: ``kind mode size digest-or-target path`` lines, sorted by path)."""
+(the format docs/workspace.md spells: ``kind mode size digest-or-target path`` lines, sorted by path),
+and the process of a command running in one, seen through the executor's own handle."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import hashlib
 import os
 import stat
 from pathlib import Path
+
+from parkway.actors.builtin.workspace.environment import Workspace
+from parkway.actors.builtin.workspace.executor import LocalExecutor
+
+from tests.support.waiting import until
 
 
 def walk_digest(root: Path) -> str:
@@ -27,3 +33,22 @@ def walk_digest(root: Path) -> str:
     for _, line in sorted(lines):
         hasher.update(line.encode())
     return hasher.hexdigest()
+
+
+def gone(pid: int) -> bool:
+    """The process no longer exists (killed and reaped: a zombie still answers signal 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def command_started(env: Workspace) -> int:
+    """The pid of the one command running in ``env`` (the leader of its group), once it exists."""
+    executor = env.executor
+    assert isinstance(executor, LocalExecutor)
+    await until(lambda: len(env.commands) == 1 and executor.pid(next(iter(env.commands))) is not None)
+    pid = executor.pid(next(iter(env.commands)))
+    assert pid is not None
+    return pid

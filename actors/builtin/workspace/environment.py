@@ -4,7 +4,8 @@ Each session's workspace lives at ``<home>/live/<rollout>``, its blobs at ``<hom
 server's own directory, ``locate``). Its exported state is the manifest (``tree.Entry`` rows, small); the
 file contents are blobs in the store, which a snapshot refers to by digest. A ``run`` records the
 workspace before it starts (``boundary_before``): the tool server keeps that export as what a snapshot
-saves while the command runs, so a checkpoint does not wait for it (docs/workspace.md).
+saves while the command runs, so a checkpoint does not wait for it (docs/workspace.md). A session that
+ends while a command runs kills it (its whole process group) before its directory goes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import os
 import shutil
 import stat
+import tempfile
 import weakref
 from pathlib import Path
 from typing import Any, ClassVar
@@ -78,6 +80,8 @@ class Workspace(Environment):
         self.used_files = 0
         self.mutations = 0  # mutations applied: ``verify`` compares them with the agent's record
         self.last_scan = tree.ScanStats()
+        self.ended = False  # closed: a command still running when it was is answered as ended
+        self.commands: set[Path] = set()  # the scratch directories of the commands running now
 
     # -- where it lives --------------------------------------------------------------------------
     def locate(self, home: Path) -> None:
@@ -148,10 +152,16 @@ class Workspace(Environment):
         return _TEMPLATES[key]
 
     def close(self) -> None:
-        """The session ended: its directory goes, and blobs nothing refers to any more are collected."""
+        """The session ended: its commands still running are killed, its directory goes, and blobs
+        nothing refers to any more are collected."""
+        if self.ended:
+            return
+        self.ended = True
+        killed = bool(self.commands)
+        for scratch in list(self.commands):
+            self.executor.kill(scratch)
         if self.root is not None and self.root.exists():
-            tree.clear(self.root)
-            self.root.rmdir()
+            _remove(self.root, tries=3 if killed else 1)
         self.recorded = []
         self.pending = None
         _LIVE.pop(id(self), None)
@@ -287,9 +297,18 @@ class Workspace(Environment):
 
     async def tool_run(self, command: str) -> dict[str, Any]:
         root = self._root()
-        scratch = self._home() / "scratch" / root.name
-        result = await self.executor.run(command, root, self.limits, scratch)
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratches = self._home() / "scratch"
+        scratches.mkdir(parents=True, exist_ok=True)
+        # One per run: two commands of a session, or a killed one and its successor, never share one.
+        scratch = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=scratches))
+        self.commands.add(scratch)
+        try:
+            result = await self.executor.run(command, root, self.limits, scratch)
+        finally:
+            self.commands.discard(scratch)
+            shutil.rmtree(scratch, ignore_errors=True)
+        if self.ended:  # killed by ``close``: the directory is gone, there is nothing to record
+            raise ToolError("the session ended while the command ran: it was killed", code="session_ended")
         entries = self.record()  # devices a command made are refused here, as a tool error
         if result.killed is not None:
             code = "timeout" if result.killed == "timeout" else "killed"
@@ -317,6 +336,19 @@ class Workspace(Environment):
             return 0.0
         runs = [output for tool, output in recorded if tool == "run"]
         return 1.0 if runs and runs[-1].get("exit_code") == 0 else 0.0
+
+
+def _remove(root: Path, tries: int) -> None:
+    """Remove the directory. After a kill, a process of the command may finish one last call (a file
+    made) as it dies, so the directory is emptied again when it is not empty yet."""
+    for left in range(tries - 1, -1, -1):
+        try:
+            tree.clear(root)
+            root.rmdir()
+            return
+        except OSError:
+            if not left:
+                raise
 
 
 def _snapshot_references(home: Path) -> set[str] | None:

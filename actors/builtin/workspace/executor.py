@@ -4,10 +4,11 @@ The local executor runs ``/bin/sh -c <command>`` as a subprocess in its own sess
 the workspace as its working directory and a small fixed environment, under resource limits set in the
 child before it executes: address space (``RLIMIT_AS``), processes (``RLIMIT_NPROC``, which Linux does not
 apply to root), file size (``RLIMIT_FSIZE``) and CPU time. A command past its time limit has its whole
-process group killed; once it exits, whatever it left running in its group is killed too. Without
-network: in a new network namespace (``unshare -n``, or ``unshare -rn`` where only user namespaces are
-allowed) when the machine permits one; ``network_isolation()`` says which. A deployment that needs more
-(file-system isolation, cgroups) plugs in its own ``Executor``, a container runtime for instance.
+process group killed; once it exits, whatever it left running in its group is killed too; ``kill``
+ends one at once the same way (its session ended, its server stops). Without network: in a new
+network namespace (``unshare -n``, or ``unshare -rn`` where only user namespaces are allowed) when the
+machine permits one; ``network_isolation()`` says which. A deployment that needs more (file-system
+isolation, cgroups) plugs in its own ``Executor``, a container runtime for instance.
 """
 
 from __future__ import annotations
@@ -49,9 +50,14 @@ class CommandResult:
 
 class Executor(Protocol):
     """Runs one command in ``cwd`` under ``limits``; ``scratch`` is a directory outside the workspace
-    it may use for its own files (captured output)."""
+    it may use for its own files (captured output), one per run: it also names the run for ``kill``."""
 
     async def run(self, command: str, cwd: Path, limits: Limits, scratch: Path) -> CommandResult: ...
+
+    def kill(self, scratch: Path) -> None:
+        """Kill the command of the run given ``scratch`` now, with whatever it started (one still
+        starting too); that run then returns it as killed. Nothing when no such run is going on."""
+        ...
 
 
 @functools.cache
@@ -85,8 +91,30 @@ def _read(path: Path, limit: int) -> str:
     return text + "\n[output truncated]" if len(data) > limit else text
 
 
+@dataclass
+class _Running:
+    pid: int | None = None  # None while the process is being started
+    killed: bool = False
+
+
 class LocalExecutor:
     """A subprocess on this machine, under the limits above."""
+
+    def __init__(self) -> None:
+        self._running: dict[Path, _Running] = {}  # the runs going on, by their scratch directory
+
+    def pid(self, scratch: Path) -> int | None:
+        """The process of the run given ``scratch`` (its group's leader), once it has started."""
+        running = self._running.get(scratch)
+        return running.pid if running is not None else None
+
+    def kill(self, scratch: Path) -> None:
+        running = self._running.get(scratch)
+        if running is None:
+            return
+        running.killed = True  # a run still starting kills its process as soon as it has one
+        if running.pid is not None:
+            _kill_group(running.pid)
 
     def environment(self, cwd: Path) -> dict[str, str]:
         # Fixed, so outputs do not depend on the server's own environment; no bytecode files, which
@@ -102,9 +130,28 @@ class LocalExecutor:
 
     async def run(self, command: str, cwd: Path, limits: Limits, scratch: Path) -> CommandResult:
         os.makedirs(scratch, exist_ok=True)
-        out, err = scratch / "stdout", scratch / "stderr"
+        # Registered before the first await: a kill that comes while the process starts is not lost.
+        running = self._running[scratch] = _Running()
+        try:
+            killed, code = await self._wait(command, cwd, limits, scratch, running)
+        finally:
+            if self._running.get(scratch) is running:
+                del self._running[scratch]
+        if killed is None and code < 0:
+            killed = signal.Signals(-code).name
+        return CommandResult(
+            exit_code=None if killed else code,
+            stdout=_read(scratch / "stdout", limits.output_bytes),
+            stderr=_read(scratch / "stderr", limits.output_bytes),
+            killed=killed,
+        )
+
+    async def _wait(
+        self, command: str, cwd: Path, limits: Limits, scratch: Path, running: _Running
+    ) -> tuple[str | None, int]:
+        """Start the command and wait for it: (``"timeout"`` or None, its exit status)."""
         prefix = () if limits.network else network_isolation()
-        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        with open(scratch / "stdout", "wb") as stdout, open(scratch / "stderr", "wb") as stderr:
             process = await asyncio.create_subprocess_exec(
                 *prefix,
                 "/bin/sh",
@@ -118,6 +165,9 @@ class LocalExecutor:
                 start_new_session=True,
                 preexec_fn=functools.partial(_limit_child, limits),
             )
+            running.pid = process.pid
+            if running.killed:
+                _kill_group(process.pid)
             killed = None
             try:
                 await asyncio.wait_for(process.wait(), timeout=limits.time_s)
@@ -127,15 +177,7 @@ class LocalExecutor:
                 _kill_group(process.pid)
                 raise
             _kill_group(process.pid)  # the command, or what it left behind in its group
-            code = await process.wait()
-        if killed is None and code < 0:
-            killed = signal.Signals(-code).name
-        return CommandResult(
-            exit_code=None if killed else code,
-            stdout=_read(out, limits.output_bytes),
-            stderr=_read(err, limits.output_bytes),
-            killed=killed,
-        )
+            return killed, await process.wait()
 
 
 def _kill_group(pid: int) -> None:

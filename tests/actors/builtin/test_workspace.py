@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from parkway.actors.builtin.workspace import tree
 from parkway.actors.builtin.workspace.environment import Workspace, collect_garbage
-from parkway.actors.builtin.workspace.executor import Limits, network_isolation
+from parkway.actors.builtin.workspace.executor import Limits, LocalExecutor, network_isolation
 from parkway.actors.builtin.workspace.store import BlobStore
 from parkway.actors.builtin.workspace.template import TemplateError, load
 from parkway.actors.sdk.environments import ToolError
 
-from tests.support.workspace import walk_digest
+from tests.support.workspace import command_started, gone, walk_digest
 
 pytestmark = pytest.mark.slow  # the command tool starts processes
 
@@ -111,6 +111,31 @@ def test_a_command_past_its_time_limit_is_killed_with_its_group(tmp_path: Path) 
     error = run_error(env, "(sleep 30; touch late) & sleep 30")
     assert error.code == "timeout"
     assert env.root is not None and not (env.root / "late").exists()
+
+
+async def test_closing_a_session_kills_its_running_command(tmp_path: Path) -> None:
+    env = open_workspace(tmp_path / "home")
+    root = env.root
+    assert root is not None
+    running = asyncio.ensure_future(env.tool_run("exec sleep 30"))
+    pid = await command_started(env)
+    env.close()
+    with pytest.raises(ToolError) as info:
+        await running
+    assert info.value.code == "session_ended"
+    assert gone(pid) and not root.exists()
+    assert list((tmp_path / "home" / "scratch").iterdir()) == []
+
+
+async def test_a_kill_while_the_command_starts_is_not_lost(tmp_path: Path) -> None:
+    executor = LocalExecutor()
+    scratch = tmp_path / "scratch"
+    running = asyncio.ensure_future(executor.run("exec sleep 30", tmp_path, Limits(), scratch))
+    await asyncio.sleep(0)  # its first step: registered, and its process started or starting
+    executor.kill(scratch)
+    result = await running
+    assert result.killed == "SIGKILL" and result.exit_code is None
+    assert executor.pid(scratch) is None  # the run is over: nothing of it is left to kill
 
 
 def test_a_command_past_its_memory_limit_fails(tmp_path: Path) -> None:
