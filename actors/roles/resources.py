@@ -119,6 +119,7 @@ class Resources(Participant):
         self._retired_order: OrderedDict[str, None] = OrderedDict()  # retired sessions, oldest first
         self.handlers[ToolCall] = self.on_tool_call
         self._files_home: Path | None = None
+        self.stopping = False  # stop began: long calls are refused, the running ones were cut short
 
     @property
     def files_home(self) -> Path:
@@ -192,11 +193,13 @@ class Resources(Participant):
                     f"{call.call_index} cannot continue it (its earlier calls are lost with a restarted server)",
                 )
             else:
-                fresh = self.open_session(call)
-                if session is not None and not session.retired:
-                    self.counts["sessions_retired"] += 1  # superseded by the newer attempt
-                    session.env.close()
-                session = self._hold(call.rollout_id, fresh)
+                if session is not None:
+                    # Superseded by the newer attempt (one that names a known environment), and closed
+                    # first: its commands die before the new session takes the directory (the same
+                    # one: it is named by the rollout).
+                    self.environment(call.env)
+                    self._drop(call.rollout_id)
+                session = self._hold(call.rollout_id, self.open_session(call))
                 self.counts["sessions_opened"] += 1
                 self.history.record(
                     SessionOpened(
@@ -390,6 +393,12 @@ class Resources(Participant):
             output=output,
             revision=session.revision,
         )
+
+    async def stop(self) -> None:
+        """Long calls still running end with their sessions (a command is killed), not waited out."""
+        self.stopping = True
+        long_calls.end_running(self)
+        await super().stop()
 
     # -- checkpoints -----------------------------------------------------------------------------
     async def wait_until_parked(self) -> ParkReport:

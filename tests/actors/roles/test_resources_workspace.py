@@ -1,10 +1,12 @@
 """The tool server with the workspace environment: a command runs while other calls go on, a snapshot
-taken while it runs keeps the workspace as the command found it, and a restore takes the state its
-agent's boundary needs (before the command, or after it)."""
+taken while it runs keeps the workspace as the command found it, a restore takes the state its
+agent's boundary needs (before the command, or after it), and a session that ends or a server that
+stops kills the command still running, the call answered with a typed error."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -13,18 +15,31 @@ from parkway.actors.builtin.workspace.environment import Workspace
 from parkway.actors.roles.resources import Resources, _saved_sessions
 from parkway.actors.runtime.client import Client
 from parkway.brokers.memory import MemoryBroker, MemoryHub
-from parkway.protocol.messages import Commit, EpisodeRef, Restore, ToolCall, ToolResult
+from parkway.protocol.errors import ErrorCode
+from parkway.protocol.messages import (
+    AttemptRef,
+    Commit,
+    EpisodeRef,
+    Error,
+    Forget,
+    Message,
+    Restore,
+    Retire,
+    ToolCall,
+    ToolResult,
+)
+from structlog.testing import capture_logs
 
 from tests.support.signed import SECRET
-from tests.support.workspace import walk_digest
+from tests.support.workspace import command_started, gone, walk_digest
 
 pytestmark = pytest.mark.slow  # commands are processes
 
 RUN = "unit"
 
 
-async def call(client: Client, index: int, tool: str, arguments: dict, attempt: int = 0) -> ToolResult:
-    reply = await client.request(
+async def request(client: Client, index: int, tool: str, arguments: dict, attempt: int = 0) -> Message:
+    return await client.request(
         "resources/0",
         ToolCall(
             rollout_id="r1",
@@ -37,6 +52,10 @@ async def call(client: Client, index: int, tool: str, arguments: dict, attempt: 
         correlation_id=f"c{attempt}-{index}-{time.monotonic_ns()}",
         deadline=time.time() + 30,
     )
+
+
+async def call(client: Client, index: int, tool: str, arguments: dict, attempt: int = 0) -> ToolResult:
+    reply = await request(client, index, tool, arguments, attempt)
     assert isinstance(reply, ToolResult), reply
     return reply
 
@@ -121,3 +140,85 @@ async def test_a_restore_after_the_command_takes_its_result(tmp_path: Path) -> N
     actor, listing = await restored(tmp_path, directory, first_index=1)
     assert [e["name"] for e in listing.output["entries"]] == ["made.txt"]
     assert actor.sessions["r1"].revision == 1
+
+
+def workspace_of(actor: Resources) -> Workspace:
+    env = actor.sessions["r1"].env
+    assert isinstance(env, Workspace) and env.root is not None
+    return env
+
+
+async def end_session(actor: Resources, client: Client, ending: str, tmp_path: Path) -> None:
+    refs = (AttemptRef(rollout_id="r1", attempt=0),)
+    controller = Client(client.broker, secret=SECRET, sender="controller/0")
+    if ending == "release":
+        assert (await call(client, 2, "release", {})).output == {"released": True}
+    elif ending == "retire":
+        await controller.call(
+            "resources/0", Retire(checkpoint_id="rt-1", deadline=time.time() + 30, attempts=refs)
+        )
+    elif ending == "forget":
+        await controller.call(
+            "resources/0", Forget(checkpoint_id="fg-1", deadline=time.time() + 30, attempts=refs)
+        )
+    elif ending == "restore":  # the sessions are replaced by a snapshot's, taken as the command runs
+        directory = tmp_path / RUN / "snapshot_1" / "participants" / "resources" / "0"
+        directory.mkdir(parents=True)
+        await actor.write_snapshot(directory, commit())
+        restore = Restore(
+            checkpoint_id="ck-2",
+            deadline=time.time() + 30,
+            location="snapshot_1",
+            episodes=(EpisodeRef(rollout_id="r1", attempt=1, replica=0),),
+        )
+        await actor.install_snapshot(directory, restore)
+    else:  # a newer attempt's first call supersedes the session
+        listing = await call(client, 0, "list_files", {"path": "."}, attempt=1)
+        assert listing.ok and listing.output["entries"] == []  # its own fresh workspace, kept
+
+
+@pytest.mark.parametrize("ending", ["release", "retire", "forget", "restore", "newer_attempt"])
+async def test_a_session_that_ends_kills_its_running_command(tmp_path: Path, ending: str) -> None:
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        actor = Resources(
+            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
+        )
+        await actor.start()
+        client = Client(broker, secret=SECRET, sender="agent/0")
+        await call(client, 0, "write_file", {"path": "a.txt", "content": "before"})
+        env = workspace_of(actor)
+        with capture_logs() as events:
+            running = asyncio.ensure_future(request(client, 1, "run", {"command": "exec sleep 30"}))
+            pid = await command_started(env)
+            await end_session(actor, client, ending, tmp_path)
+            reply = await running
+        root = env.root
+        assert root is not None
+        left = sorted(os.listdir(root)) if root.exists() else None
+        await actor.stop()
+    assert isinstance(reply, Error) and reply.code is ErrorCode.STALE_ATTEMPT, reply
+    assert gone(pid) and env.ended
+    # The directory went with the session; the same path is a newer attempt's (fresh) or the restored
+    # session's (as the snapshot saved it), kept.
+    assert left == {"newer_attempt": [], "restore": ["a.txt"]}.get(ending)
+    assert not [e for e in events if e["event"] == "handler_failed" or e.get("log_level") == "error"]
+
+
+async def test_a_stopping_server_kills_its_running_commands(tmp_path: Path) -> None:
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        actor = Resources(
+            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
+        )
+        await actor.start()
+        client = Client(broker, secret=SECRET, sender="agent/0")
+        await call(client, 0, "write_file", {"path": "a.txt", "content": "before"})
+        env = workspace_of(actor)
+        with capture_logs() as events:
+            running = asyncio.ensure_future(request(client, 1, "run", {"command": "exec sleep 30"}))
+            pid = await command_started(env)
+            await actor.stop()  # returns once the handler answered: the command was not waited out
+            assert gone(pid)
+            reply = await running
+    assert isinstance(reply, Error) and reply.code is ErrorCode.UNAVAILABLE and reply.retryable, reply
+    assert env.root is not None and not env.root.exists()
+    assert not [e for e in events if e["event"] == "handler_failed" or e.get("log_level") == "error"]
