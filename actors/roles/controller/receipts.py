@@ -46,8 +46,11 @@ class Receipts:
     def _acknowledge(self, receipt: Completed | Failed) -> None:
         key = (receipt.rollout_id, receipt.attempt)
         if not self._outbox.routed(key):
+            # Not routed: dispatched by an earlier incarnation or another run, or a late resend of a
+            # rollout already forgotten (its Ack crossed the resend). All are acknowledged to the
+            # replica named and counted; none is a fault of this run, so no warning.
             self._counts["receipts_unknown"] += 1
-            log.warning(
+            log.debug(
                 "receipt_of_unknown_attempt",
                 rollout_id=receipt.rollout_id,
                 attempt=receipt.attempt,
