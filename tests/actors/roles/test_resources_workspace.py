@@ -177,16 +177,19 @@ async def end_session(actor: Resources, client: Client, ending: str, tmp_path: P
         assert listing.ok and listing.output["entries"] == []  # its own fresh workspace, kept
 
 
+async def server_with_a_session(broker: MemoryBroker, tmp_path: Path) -> tuple[Resources, Client, Workspace]:
+    """A started tool server whose rollout r1 has a workspace with one file written by attempt 0."""
+    actor = Resources(broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace})
+    await actor.start()
+    client = Client(broker, secret=SECRET, sender="agent/0")
+    await call(client, 0, "write_file", {"path": "a.txt", "content": "before"})
+    return actor, client, workspace_of(actor)
+
+
 @pytest.mark.parametrize("ending", ["release", "retire", "forget", "restore", "newer_attempt"])
 async def test_a_session_that_ends_kills_its_running_command(tmp_path: Path, ending: str) -> None:
     async with MemoryBroker(MemoryHub(), RUN) as broker:
-        actor = Resources(
-            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
-        )
-        await actor.start()
-        client = Client(broker, secret=SECRET, sender="agent/0")
-        await call(client, 0, "write_file", {"path": "a.txt", "content": "before"})
-        env = workspace_of(actor)
+        actor, client, env = await server_with_a_session(broker, tmp_path)
         with capture_logs() as events:
             running = asyncio.ensure_future(request(client, 1, "run", {"command": "exec sleep 30"}))
             pid = await command_started(env)
@@ -206,13 +209,7 @@ async def test_a_session_that_ends_kills_its_running_command(tmp_path: Path, end
 
 async def test_a_stopping_server_kills_its_running_commands(tmp_path: Path) -> None:
     async with MemoryBroker(MemoryHub(), RUN) as broker:
-        actor = Resources(
-            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
-        )
-        await actor.start()
-        client = Client(broker, secret=SECRET, sender="agent/0")
-        await call(client, 0, "write_file", {"path": "a.txt", "content": "before"})
-        env = workspace_of(actor)
+        actor, client, env = await server_with_a_session(broker, tmp_path)
         with capture_logs() as events:
             running = asyncio.ensure_future(request(client, 1, "run", {"command": "exec sleep 30"}))
             pid = await command_started(env)
