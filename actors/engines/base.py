@@ -26,7 +26,11 @@ class GenerationResult:
 
 def require_directory(directory: str) -> None:
     """A weights directory must exist: a wrong path fails the update, it never half-applies."""
-    if not Path(directory).is_dir():
+    try:
+        found = Path(directory).is_dir()
+    except OSError as exc:  # a name the file system refuses (ENAMETOOLONG, EACCES): not a directory
+        raise FileNotFoundError(f"weights directory {directory!r} cannot be read: {exc.strerror}") from None
+    if not found:
         raise FileNotFoundError(f"weights directory {directory} does not exist")
 
 

@@ -395,6 +395,11 @@ async def test_bad_weight_updates_get_typed_errors_and_change_nothing(make_clust
     missing = await cluster.control(load_weights(tmp_path / "nowhere", 1, "w-missing"))
     assert isinstance(missing, Error) and missing.code is ErrorCode.INVALID_MESSAGE
     assert "does not exist" in missing.detail and policy.policy_version == 0
+    # A name the file system refuses to look up (a component over 255 bytes: ENAMETOOLONG) is the
+    # same typed refusal, not an internal error (the fuzz test found this one).
+    too_long = await cluster.control(load_weights(tmp_path / ("é" * 300), 1, "w-too-long"))
+    assert isinstance(too_long, Error) and too_long.code is ErrorCode.INVALID_MESSAGE
+    assert "cannot be read: File name too long" in too_long.detail and policy.policy_version == 0
     assert isinstance(await cluster.control(load_weights(first, 2, "w-2")), WeightsLoaded)
     again = await cluster.control(load_weights(first, 2, "w-2-again"))  # the same version: a no-op
     assert again == WeightsLoaded(policy_version=2, directory=str(first), replicas=0, seconds=0.0)
