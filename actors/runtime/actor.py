@@ -286,7 +286,7 @@ class Actor:
             self.metrics.message(key[1], HANDLED)
         self.faults.reach("after_reply_journaled", key[1])
         try:
-            sent = content is None or await self._try_reply(envelope, content)
+            sent = content is None or await self._try_reply(envelope, content, cached=remember)
         finally:
             await self.after_reply(message)
         if not sent:  # the transport failed every try: redelivered later, answered from the cache
@@ -321,8 +321,10 @@ class Actor:
         request_id = request.headers.get(REQUEST_ID_HEADER)
         return (request.reply_to or "", request_id) if request_id else None
 
-    async def _try_reply(self, request: Envelope, content: bytes) -> bool:
-        """Send the reply; False only when the transport failed every try (logged and counted)."""
+    async def _try_reply(self, request: Envelope, content: bytes, *, cached: bool = True) -> bool:
+        """Send the reply; False only when the transport failed every try (logged and counted).
+        ``cached``: the reply is in the reply cache, so a redelivery of its request may be looked up
+        (``_answer_again``); a query's is not, and remembering its request would be memory nobody reads."""
         try:
             await self._send_reply(request, content)
         except UnreachableReplyAddress as exc:  # settled as usual: a redelivery could only fail the same way
@@ -335,13 +337,14 @@ class Actor:
             self.metrics.reply_not_sent(REPLY_TRANSPORT)
             log.warning("reply_failed", correlation_id=request.correlation_id, detail=str(exc))
             return False
-        key = self._request_key(request)
+        key = self._request_key(request) if cached else None
         if key is not None:
             self._answered_requests[key] = None
             # Only a request whose reply is still cached is looked up here (``_answer_again``), so
             # remembering more than the cache holds is memory nobody reads: it once kept 10,000
-            # pairs and grew TQ for thousands of rollouts after its reply cache was full.
-            while len(self._answered_requests) > self.replies.capacity:
+            # pairs and grew TQ for thousands of rollouts after its reply cache was full. The cache
+            # may hold fewer than its capacity (its byte bound), hence its length, not its capacity.
+            while len(self._answered_requests) > max(len(self.replies), 1):
                 self._answered_requests.popitem(last=False)
         return True
 
@@ -367,7 +370,7 @@ class Actor:
         self.counts[type(message).__name__] += 1
         self.metrics.message(type(message).__name__, HANDLED)
         if reply is not None:
-            await self._try_reply(delivery.envelope, codec.encode(reply))
+            await self._try_reply(delivery.envelope, codec.encode(reply), cached=False)
 
     def _open(self, envelope: Envelope) -> Message:
         message = self.client.open(envelope)
@@ -400,7 +403,7 @@ class Actor:
         )
         error = Error(code=err.code, detail=err.detail, retryable=err.retryable)
         with contextlib.suppress(Exception):  # a reply we cannot send must not lose the dead letter
-            await self._try_reply(delivery.envelope, codec.encode(error))
+            await self._try_reply(delivery.envelope, codec.encode(error), cached=False)
         await self._dead_letter(delivery, code=err.code.value, detail=err.detail)
 
     async def _send_reply(self, request: Envelope, content: bytes) -> None:

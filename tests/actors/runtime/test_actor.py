@@ -222,3 +222,22 @@ async def test_answered_requests_are_remembered_no_longer_than_their_replies(
     assert len(tq.replies) == 8 and len(tq._answered_requests) == 8
     again = await client.request("tq/0", probe("p-19"))  # the newest is still answered from the cache
     assert isinstance(again, ProbeResult) and tq.counts["Probe"] == 20 and tq.counts["replayed"] == 1
+
+
+async def test_queries_and_replies_the_cache_dropped_are_not_remembered_as_answered(
+    tq: Actor, client: Client
+) -> None:
+    # A query's reply is never cached, so its request is never looked up: an actor polled for its
+    # Status every few seconds once filled this memory towards its bound over a long run.
+    for n in range(5):
+        assert isinstance(
+            await client.request("tq/0", Status(checkpoint_id=f"s-{n}", deadline=time.time() + 5)),
+            StatusReport,
+        )
+    assert len(tq._answered_requests) == 0 and len(tq.replies) == 0
+    # A cache held under its capacity by its byte bound: no more requests remembered than replies kept.
+    tq.replies.max_memory_bytes = 1
+    for n in range(6):
+        assert isinstance(await client.request("tq/0", probe(f"p-{n}")), ProbeResult)
+    assert len(tq.replies) == 1 and list(tq._answered_requests) == [next(reversed(tq._answered_requests))]
+    assert len(tq._answered_requests) == 1
