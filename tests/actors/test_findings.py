@@ -19,6 +19,7 @@ from parkway.actors.roles.agent import Agent
 from parkway.actors.roles.controller.controller import RunSummary, SetupError, SimulatedCrash
 from parkway.actors.runtime.participant import ParkReport
 from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.history import AttemptsFenced, Dispatched
 from parkway.protocol.snapshot import episode_mismatch
 
 from tests.support.embedded import embedded_run
@@ -300,3 +301,28 @@ async def test_a_restore_fences_the_restored_ledgers_dead_attempts(tmp_path: Pat
     assert summary.restores == 1 and summary.rollouts_sealed == 6
     [fenced] = [r for r in read_history(tmp_path / "history" / "findings") if r.kind == "fenced"]
     assert ["t0000_g1", 0] in fenced.fields["attempts"]  # failed before the snapshot: fenced again
+
+
+async def test_a_failed_attempt_is_fenced_everywhere_before_its_next_attempt(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # An attempt its agent reported failed has ended there, but copies of its calls may still be on the
+    # wire (requeued by a broker restart, resent by the agent's client): the seeded chaos run once saw
+    # the policy start a requeued call of attempt 0 after attempt 1 was dispatched. So the policy, every
+    # tool server and TQ fence attempt 0 before attempt 1 goes out.
+    from parkway.actors.runtime.history import HISTORY_ENV, read_history
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    summary = await run(tmp_path, faults={"fail_attempts": ["t0000_g1@0:1"]})  # fails at its second turn
+    assert summary.attempts_failed == 1 and summary.rollouts_redone == 1 and summary.rollouts_sealed == 6
+    records = read_history(tmp_path / "history" / "findings")
+    [redo] = [
+        r for r in records if isinstance(r, Dispatched) and (r.rollout_id, r.attempt) == ("t0000_g1", 1)
+    ]
+    fenced_before = {
+        r.actor
+        for r in records
+        if isinstance(r, AttemptsFenced) and ("t0000_g1", 0) in r.attempts and r.t < redo.t
+    }
+    assert fenced_before == {"policy/0", "resources/0", "resources/1", "tq/0"}

@@ -160,7 +160,7 @@ class AgentLiveness:
             if s.current.state is AttemptState.DISPATCHED and s.current.replica == replica
         ]
         for rollout in lost:
-            self._retirement.lost.append(
+            self._retirement.unfenced.append(
                 AttemptRef(rollout_id=rollout, attempt=ledger.sibling(rollout).current.index)
             )
             ledger.restart_after_restore(rollout, continue_saved=False)

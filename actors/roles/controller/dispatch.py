@@ -123,11 +123,12 @@ class Dispatcher:
 
     async def _dispatch_reserved(self) -> None:
         config, ledger = self._config, self._state.ledger
-        await self._retirement.fence_lost()
+        await self._retirement.fence_unfenced()
         in_flight = ledger.in_flight()
         for sibling in ledger.reserved():
             if not self._gate.is_open or in_flight >= config.rollout.max_in_flight:
                 return
+            await self._retirement.fence_unfenced()  # an attempt that failed while this loop sent
             group = ledger.group_of(sibling.rollout_id)
             task = self._tasks[group.task_index]
             current = sibling.current

@@ -20,7 +20,7 @@ from parkway.actors.runtime.history import History
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.history import Receipt, RolloutSealed
 from parkway.protocol.ledger import SealOutcome
-from parkway.protocol.messages import Completed, Error, Failed, SealRows
+from parkway.protocol.messages import AttemptRef, Completed, Error, Failed, SealRows
 
 log = structlog.get_logger("parkway.controller")
 
@@ -156,6 +156,13 @@ class Receipts:
             redo=len(plan.redo),
             given_up=len(plan.given_up),
         )
+        if acknowledged and receipt.rollout_id in plan.redo:
+            # Its agent ended it, but copies of its calls may still be on the wire (requeued by a broker
+            # restart, resent by a client): fenced before attempt N+1 is dispatched. (A stalled attempt
+            # was retired, and so fenced, by the watchdog.)
+            self._retirement.unfenced.append(
+                AttemptRef(rollout_id=receipt.rollout_id, attempt=receipt.attempt)
+            )
         self._counts["attempts_abandoned"] += len(plan.retire)
         await self._retirement.retire(plan.retire)
         if self._forgetting is not None:  # rollouts given up for good end here, like sealed ones

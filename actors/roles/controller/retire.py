@@ -28,8 +28,10 @@ class Retirement:
         self._client, self._state, self._counts = client, state, counts
         # How many resources replicas a fence goes to; None before a run starts (nothing to fence).
         self.resources: int | None = None
-        # Attempts lost with an agent process: fenced everywhere before their next attempts are dispatched.
-        self.lost: list[AttemptRef] = []
+        # Attempts that ended without a fence (lost with an agent process, or failed on their agent):
+        # fenced everywhere before anything is dispatched again, so no stale copy of one of their
+        # calls (requeued by a broker restart, resent by a client) is served once attempt N+1 exists.
+        self.unfenced: list[AttemptRef] = []
 
     async def retire(self, attempts: tuple[tuple[str, int, int], ...]) -> None:
         """Stop ``(rollout, attempt, replica)`` attempts on their agents, then fence them everywhere."""
@@ -61,10 +63,10 @@ class Retirement:
         if pending:
             await self.retire(pending)
 
-    async def fence_lost(self) -> None:
-        """Fence the attempts lost with an agent process, once, before anything is dispatched again."""
-        if self.lost:
-            refs, self.lost = tuple(self.lost), []
+    async def fence_unfenced(self) -> None:
+        """Fence the attempts that ended without one, once, before anything is dispatched again."""
+        if self.unfenced:
+            refs, self.unfenced = tuple(self.unfenced), []
             await self.fence(refs)
 
     async def fence(self, refs: tuple[AttemptRef, ...]) -> None:
