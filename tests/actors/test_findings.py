@@ -326,3 +326,43 @@ async def test_a_failed_attempt_is_fenced_everywhere_before_its_next_attempt(
         if isinstance(r, AttemptsFenced) and ("t0000_g1", 0) in r.attempts and r.t < redo.t
     }
     assert fenced_before == {"policy/0", "resources/0", "resources/1", "tq/0"}
+
+
+async def test_a_fence_waits_out_a_broker_restart(tmp_path: Path, monkeypatch) -> None:
+    # The broker is down when the fence goes out (it was, in the chaos run: the failure was the
+    # outage's): the participants behind it are alive, so the fence is tried again, not skipped.
+    import structlog
+    from parkway.actors.runtime.client import Client
+    from parkway.actors.runtime.history import HISTORY_ENV, read_history
+    from parkway.brokers.base import BrokerError
+    from parkway.protocol.messages import Retire
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    real_request = Client.request
+    refused: list[str] = []
+
+    async def request(self: Client, address: str, message, **kwargs):
+        if isinstance(message, Retire) and message.checkpoint_id.startswith("fence-") and len(refused) < 2:
+            refused.append(address)
+            raise BrokerError(f"publish to {address!r} failed: the broker is down (test)")
+        return await real_request(self, address, message, **kwargs)
+
+    monkeypatch.setattr(Client, "request", request)
+    with structlog.testing.capture_logs() as logs:
+        summary = await run(tmp_path, faults={"fail_attempts": ["t0000_g1@0:1"]})
+    assert refused == ["policy/0", "policy/0"], "the outage never met a fence: nothing was tested"
+    assert summary.rollouts_redone == 1 and summary.rollouts_sealed == 6
+    assert [e["participant"] for e in logs if e["event"] == "fence_retried"] == ["policy/0", "policy/0"]
+    assert not [e for e in logs if e["event"] == "fence_not_sent"]
+    records = read_history(tmp_path / "history" / "findings")
+    [redo] = [
+        r for r in records if isinstance(r, Dispatched) and (r.rollout_id, r.attempt) == ("t0000_g1", 1)
+    ]
+    assert any(
+        isinstance(r, AttemptsFenced)
+        and r.actor == "policy/0"
+        and ("t0000_g1", 0) in r.attempts
+        and r.t < redo.t
+        for r in records
+    )

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections import Counter, defaultdict
 
 import structlog
 from parkway.actors.roles.controller.state import RunState
+from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.client import Client
-from parkway.brokers.base import BrokerError
+from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState
 from parkway.protocol.messages import AttemptRef, Error, Retire
 
 log = structlog.get_logger("parkway.controller")
+
+
+FENCE_DEADLINE_S = 10.0  # what a participant has to answer a fence
+FENCE_BROKER_WAIT_S = 8.0  # how long a fence waits for a broker it cannot reach (a restart: ~3-6 s)
+
+
+def _fence_retried(address: str, exc: BaseException, pause: float) -> None:
+    log.warning("fence_retried", participant=address, error=str(exc), pause_s=pause)
 
 
 def stable_int(*parts: object) -> int:
@@ -72,17 +82,29 @@ class Retirement:
     async def fence(self, refs: tuple[AttemptRef, ...]) -> None:
         """Attempt N is refused everywhere before attempt N+1 is dispatched: the policy aborts its calls
         and stages none of its tokens, resources end its session, TQ drops rows of it still on the way.
-        (Its agent stopped it, or died with it.) A participant that cannot be reached is named and
-        skipped: it was down, and what it had of the attempt is gone or comes back fenced by a restore."""
+        (Its agent stopped it, or ended it.) A broker that is down (restarting) is waited for, a few
+        seconds: the participant behind it is alive and may yet be handed a requeued call of the attempt.
+        A participant that does not answer is named and skipped: it was down, and what it had of the
+        attempt is gone or comes back fenced by a restore."""
         if not refs or self.resources is None:
             return
         command = Retire(
-            checkpoint_id=f"fence-{stable_int(*refs) % 10**12}", deadline=time.time() + 10, attempts=refs
+            checkpoint_id=f"fence-{stable_int(*refs) % 10**12}",
+            deadline=time.time() + FENCE_DEADLINE_S,
+            attempts=refs,
         )
         resources = [actor_address(Role.RESOURCES, i) for i in range(self.resources)]
         for address in ("policy/0", *resources, "tq/0"):
             try:
-                reply = await self._client.request(address, command)
+                reply = await retrying(
+                    functools.partial(self._client.request, address, command),
+                    retry_on=BrokerError,
+                    for_s=FENCE_BROKER_WAIT_S,
+                    first_s=0.1,
+                    max_s=1.0,
+                    on_retry=functools.partial(_fence_retried, address),
+                    final=lambda exc: isinstance(exc, RequestTimeout),  # sent, and nobody answered
+                )
             except BrokerError as exc:
                 log.warning("fence_not_sent", participant=address, error=str(exc))
                 continue
