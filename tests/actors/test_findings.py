@@ -310,22 +310,13 @@ async def test_a_failed_attempt_is_fenced_everywhere_before_its_next_attempt(
     # wire (requeued by a broker restart, resent by the agent's client): the seeded chaos run once saw
     # the policy start a requeued call of attempt 0 after attempt 1 was dispatched. So the policy, every
     # tool server and TQ fence attempt 0 before attempt 1 goes out.
-    from parkway.actors.runtime.history import HISTORY_ENV, read_history
+    from parkway.actors.runtime.history import HISTORY_ENV
 
     monkeypatch.setenv(HISTORY_ENV, "1")
     monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
     summary = await run(tmp_path, faults={"fail_attempts": ["t0000_g1@0:1"]})  # fails at its second turn
     assert summary.attempts_failed == 1 and summary.rollouts_redone == 1 and summary.rollouts_sealed == 6
-    records = read_history(tmp_path / "history" / "findings")
-    [redo] = [
-        r for r in records if isinstance(r, Dispatched) and (r.rollout_id, r.attempt) == ("t0000_g1", 1)
-    ]
-    fenced_before = {
-        r.actor
-        for r in records
-        if isinstance(r, AttemptsFenced) and ("t0000_g1", 0) in r.attempts and r.t < redo.t
-    }
-    assert fenced_before == {"policy/0", "resources/0", "resources/1", "tq/0"}
+    assert fenced_before_the_redo(tmp_path) == {"policy/0", "resources/0", "resources/1", "tq/0"}
 
 
 async def test_a_fence_waits_out_a_broker_restart(tmp_path: Path, monkeypatch) -> None:
@@ -333,7 +324,7 @@ async def test_a_fence_waits_out_a_broker_restart(tmp_path: Path, monkeypatch) -
     # outage's): the participants behind it are alive, so the fence is tried again, not skipped.
     import structlog
     from parkway.actors.runtime.client import Client
-    from parkway.actors.runtime.history import HISTORY_ENV, read_history
+    from parkway.actors.runtime.history import HISTORY_ENV
     from parkway.brokers.base import BrokerError
     from parkway.protocol.messages import Retire
 
@@ -355,14 +346,19 @@ async def test_a_fence_waits_out_a_broker_restart(tmp_path: Path, monkeypatch) -
     assert summary.rollouts_redone == 1 and summary.rollouts_sealed == 6
     assert [e["participant"] for e in logs if e["event"] == "fence_retried"] == ["policy/0", "policy/0"]
     assert not [e for e in logs if e["event"] == "fence_not_sent"]
-    records = read_history(tmp_path / "history" / "findings")
+    assert "policy/0" in fenced_before_the_redo(tmp_path)
+
+
+def fenced_before_the_redo(state: Path) -> set[str]:
+    """The actors whose history fenced attempt 0 of t0000_g1 before attempt 1 was dispatched."""
+    from parkway.actors.runtime.history import read_history
+
+    records = read_history(state / "history" / "findings")
     [redo] = [
         r for r in records if isinstance(r, Dispatched) and (r.rollout_id, r.attempt) == ("t0000_g1", 1)
     ]
-    assert any(
-        isinstance(r, AttemptsFenced)
-        and r.actor == "policy/0"
-        and ("t0000_g1", 0) in r.attempts
-        and r.t < redo.t
+    return {
+        r.actor
         for r in records
-    )
+        if isinstance(r, AttemptsFenced) and ("t0000_g1", 0) in r.attempts and r.t < redo.t
+    }
