@@ -362,3 +362,128 @@ def fenced_before_the_redo(state: Path) -> set[str]:
         for r in records
         if isinstance(r, AttemptsFenced) and ("t0000_g1", 0) in r.attempts and r.t < redo.t
     }
+
+
+def participants_held_at_the_end(state: Path) -> dict[str, str]:
+    """Each participant whose last phase change left it in a checkpoint: {actor: phase}."""
+    from parkway.actors.runtime.history import read_history
+    from parkway.protocol.history import PhaseChanged
+
+    last: dict[str, str] = {}
+    for record in read_history(state / "history" / BASE["run"]):
+        if isinstance(record, PhaseChanged):
+            last[record.actor] = record.after
+    assert last, "no participant changed phase: no snapshot ran"
+    return {actor: phase for actor, phase in last.items() if phase != "idle"}
+
+
+async def test_a_run_that_ends_during_a_snapshot_leaves_no_participant_held(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # CI saw a run started again refused at its first Prepare (checkpoint_conflict): the session before
+    # it had started a snapshot after its last rollout, while it was winding down, and cancelled its
+    # snapshot loop with that snapshot between prepare and commit; the policy stayed prepared for the
+    # id until its lease lapsed. Here a snapshot starts once the run loop has ended and gets past
+    # prepare before the run stops: the run must finish it, not leave the participants held.
+    import asyncio
+
+    from parkway.actors.roles.controller.forget import Forgetting
+    from parkway.actors.roles.controller.save import SAVE_STEPS, SaveSequence
+    from parkway.actors.runtime.history import HISTORY_ENV
+    from parkway.protocol.snapshot import SaveStep
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    winding_down, prepared = asyncio.Event(), asyncio.Event()
+    late = {"id": None}
+    close_gate, prepare, flush = SaveSequence.close_gate, SaveSequence.prepare, Forgetting.flush
+
+    async def flush_while_a_snapshot_prepares(self: Forgetting, *, tries: int = 1) -> None:
+        winding_down.set()
+        await flush(self, tries=tries)
+        await prepared.wait()  # the run stops only once that snapshot is past prepare
+
+    async def close_gate_late(self: SaveSequence, attempt, stages) -> None:
+        if winding_down.is_set() and late["id"] is None:
+            late["id"], attempt.force = attempt.checkpoint_id, True  # taken although nothing moved
+        await close_gate(self, attempt, stages)
+
+    async def prepare_then_linger(self: SaveSequence, attempt, stages) -> None:
+        await prepare(self, attempt, stages)
+        if attempt.checkpoint_id == late["id"]:
+            prepared.set()
+            await asyncio.sleep(0.2)  # a window for the run's end to cut in, were it to cancel here
+
+    monkeypatch.setattr(Forgetting, "flush", flush_while_a_snapshot_prepares)
+    monkeypatch.setitem(SAVE_STEPS, SaveStep.CLOSE_GATE, close_gate_late)
+    monkeypatch.setitem(SAVE_STEPS, SaveStep.PREPARE, prepare_then_linger)
+    summary = await run(tmp_path, snapshot_interval_s=0.05)
+    assert summary.rollouts_sealed == 6 and late["id"] is not None and prepared.is_set()
+    assert participants_held_at_the_end(tmp_path) == {}
+
+
+async def test_a_participant_held_by_an_id_whose_end_was_lost_is_released(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # A controller that died between prepare and commit (or an Abort that never arrived) leaves a
+    # participant prepared for an id no one will end before its lease lapses. The next Prepare it
+    # refuses (checkpoint_conflict) is a transient failure, not an invariant broken: the controller
+    # aborts the id it is held by there, and the next snapshot goes in.
+    import time
+
+    import structlog
+    from parkway.protocol.messages import Prepare
+    from parkway.protocol.phases import Event
+
+    on_prepare = Agent.on_prepare
+    left = {"ids": 1}
+
+    async def held_by_a_dead_controller(self: Agent, command: Prepare):
+        if left["ids"] > 0 and self.replica == 0:
+            left["ids"] -= 1
+            self.phases.apply(
+                Event.PREPARE, "ck-of-a-dead-controller", now=time.time(), deadline=time.time() + 600
+            )
+        return await on_prepare(self, command)
+
+    monkeypatch.setattr(Agent, "on_prepare", held_by_a_dead_controller)
+    with structlog.testing.capture_logs() as logs:
+        summary = await run(tmp_path)
+    assert left["ids"] == 0 and summary.rollouts_sealed == 6
+    assert summary.snapshots_failed >= 1 and summary.snapshots_published >= 1
+    released = [e for e in logs if e["event"] == "held_id_aborted"]
+    assert [(e["participant"], e["held"]) for e in released] == [("agent/0", "ck-of-a-dead-controller")]
+
+
+async def test_a_run_that_ends_on_an_error_mid_snapshot_aborts_that_snapshot(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # The other way a run's end cuts a snapshot off: an error ends the run (here the stall watchdog
+    # breaks) while a snapshot is between prepare and commit. That snapshot is aborted everywhere on
+    # the way out, so no participant waits out a lease for it.
+    import asyncio
+
+    from parkway.actors.roles.controller.dispatch import Dispatcher
+    from parkway.actors.roles.controller.save import SAVE_STEPS, SaveSequence
+    from parkway.actors.runtime.history import HISTORY_ENV
+    from parkway.protocol.snapshot import SaveStep
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    prepared, never = asyncio.Event(), asyncio.Event()
+    prepare = SaveSequence.prepare
+
+    async def prepare_then_hang(self: SaveSequence, attempt, stages) -> None:
+        await prepare(self, attempt, stages)
+        prepared.set()
+        await never.wait()  # until the run's end cancels it
+
+    async def watchdog_breaks(self: Dispatcher, fail) -> None:
+        if prepared.is_set():
+            raise RuntimeError("the watchdog broke")
+
+    monkeypatch.setitem(SAVE_STEPS, SaveStep.PREPARE, prepare_then_hang)
+    monkeypatch.setattr(Dispatcher, "check_stalls", watchdog_breaks)
+    with pytest.raises(RuntimeError, match="the watchdog broke"):
+        await run(tmp_path)
+    assert prepared.is_set() and participants_held_at_the_end(tmp_path) == {}

@@ -78,9 +78,12 @@ class Participants:
     async def ask(self, stage: Stage, make: Callable[[str], Message], step: str) -> dict[str, Message]:
         """``make(address)`` to every member of ``stage`` at once; every reply, or a SnapshotFailure."""
         addresses = self.addresses(stage)
-        replies = await settle_all([partial(self.request, a, make(a)) for a in addresses])
+        sent = [make(a) for a in addresses]
+        replies = await settle_all(
+            [partial(self.request, a, m) for a, m in zip(addresses, sent, strict=True)]
+        )
         answered: dict[str, Message] = {}
-        for address, reply in zip(addresses, replies, strict=True):
+        for address, message, reply in zip(addresses, sent, replies, strict=True):
             if isinstance(reply, Exception):
                 raise SnapshotFailure(step, f"{address}: {reply}", transient=True)
             if isinstance(reply, Error):
@@ -93,9 +96,37 @@ class Participants:
                     # Not a broken protocol: a new process that never saw this checkpoint (the one that
                     # did may even have journaled its reply). A later snapshot fixes it.
                     detail, transient = f"{detail} (it restarted during the snapshot)", True
+                elif reply.code is ErrorCode.CHECKPOINT_CONFLICT and await self.release_held(
+                    address, message
+                ):
+                    # Held by an id whose end it never heard (a controller that died mid-snapshot, an
+                    # Abort or Resume lost): that id is aborted there now, and the next snapshot goes in.
+                    detail, transient = f"{detail} (held by an id that had ended: aborted there)", True
                 raise SnapshotFailure(step, detail, transient=transient)
             answered[address] = reply
         return answered
+
+    async def release_held(self, address: str, refused: Message) -> bool:
+        """Abort the id ``address`` is held by, when it is not the one ``refused`` carried. True when
+        it was aborted. Only this run's one controller starts ids, and it starts one only after the
+        last ended (settled, aborted or resumed), so the id held is one whose end was lost."""
+        own = getattr(refused, "checkpoint_id", None)
+        try:
+            report = await self.status(address, "held")
+        except SnapshotFailure:
+            return False
+        if not isinstance(report, StatusReport) or report.checkpoint_id in (None, own):
+            return False
+        held = report.checkpoint_id
+        abort = Abort(checkpoint_id=held, deadline=time.time() + ABORT_WITHIN_S, reason="its end was lost")
+        try:
+            reply = await self._host.client.request(address, abort)
+        except BrokerError:
+            return False
+        if isinstance(reply, Error):
+            return False
+        log.warning("held_id_aborted", participant=address, held=held)
+        return True
 
     async def restarted(self, address: str) -> bool:
         """Whether ``address`` is a process that started after this snapshot (or restore) began."""

@@ -200,6 +200,12 @@ class SaveSequence:
             except SnapshotFailure as failure:
                 await self._failed(attempt, current, failure)
                 raise
+            except asyncio.CancelledError:
+                # Cut off mid-way (the run ends on an error): its participants still hear the abort,
+                # in the background, and the run's teardown settles that round.
+                if save_failure_aborts(current):
+                    self._abort_decided(attempt, SnapshotFailure(current.value, "cancelled", transient=True))
+                raise
             finally:
                 window = host.paused_s() - paused_before
                 if window > 0 and host.gate_open:  # a skipped snapshot never closed the gate

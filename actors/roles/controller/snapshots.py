@@ -76,6 +76,11 @@ class SnapshotCoordinator:
         """Wait for an abort round still in flight (the run's end: every participant hears it)."""
         await self.saver.settle_abort()
 
+    @property
+    def aborting(self) -> bool:
+        """Whether an abort round was started and not yet settled."""
+        return self.saver.aborting is not None
+
     async def restore_if_any(self) -> bool:
         """Restore the newest valid snapshot of this run, if there is one. True when restored.
 
