@@ -254,6 +254,13 @@ class RowSealed(AttemptRecord, frozen=True, kw_only=True, tag="sealed"):
     replaced: str | None  # the capture key of the canonical row this one replaced
 
 
+class RowUnsealed(AttemptRecord, frozen=True, kw_only=True, tag="unsealed"):
+    """TQ dropped the canonical row of an attempt it was told to fence (the controller gave up on it
+    while its seal was on the way: that rollout's next attempt seals instead)."""
+
+    capture_key: str = field(name="ck")
+
+
 # -- the controller: the run ------------------------------------------------------------------------
 class RunStarted(Record, frozen=True, kw_only=True, tag="run_started"):
     restored: bool
@@ -399,6 +406,7 @@ AnyRecord = (
     | GenerationAborted
     | RowStaged
     | RowSealed
+    | RowUnsealed
     | RunStarted
     | RunFinished
     | RunAborted

@@ -17,7 +17,7 @@ import msgspec
 import structlog
 from parkway.actors.runtime.participant import Participant, write_records
 from parkway.protocol.errors import ErrorCode, ProtocolError
-from parkway.protocol.history import Refused, RowSealed, RowStaged, SnapshotInstalled
+from parkway.protocol.history import Refused, RowSealed, RowStaged, RowUnsealed, SnapshotInstalled
 from parkway.protocol.ids import Role, capture_key, parse_capture_key, parse_staging_key
 from parkway.protocol.messages import (
     AttemptRef,
@@ -30,6 +30,7 @@ from parkway.protocol.messages import (
     Ok,
     ReleaseRows,
     Restore,
+    Retire,
     Rows,
     SealRows,
     StagingRow,
@@ -102,6 +103,14 @@ class TransferStore:
         )
         self.canonical[rollout_id] = row
         return row
+
+    def unseal(self, rollout_id: str, attempt: int) -> CanonicalRow | None:
+        """Drop the canonical row of ``rollout_id`` if ``attempt`` made it (it was fenced: the ledger
+        never sealed it and never will); its staging rows stay, a continuation may use them."""
+        row = self.canonical.get(rollout_id)
+        if row is None or row.attempt != attempt:
+            return None
+        return self.canonical.pop(rollout_id)
 
     def _row(self, key: str) -> StagingRow:
         row = self._find(key)
@@ -229,6 +238,13 @@ class TransferQueue(Participant):
                 self.counts["staging_duplicates"] += 1
 
     async def on_seal_rows(self, message: SealRows) -> Message:
+        if (message.rollout_id, message.attempt) in self.retired:
+            # Fenced here: the controller gave up on it (its seal came late, or was requeued by a
+            # broker restart), and a canonical row of it would be replaced by its next attempt's.
+            self.counts["seals_fenced"] += 1
+            raise ProtocolError(
+                ErrorCode.STALE_ATTEMPT, f"{message.rollout_id} attempt {message.attempt} is fenced here"
+            )
         before = self.store.canonical.get(message.rollout_id)
         row = self.store.seal(
             message.rollout_id, message.attempt, message.capture_key, message.reward, message.staging_keys
@@ -256,6 +272,20 @@ class TransferQueue(Participant):
         self.counts["rows_released"] += dropped
         self.counts["canonical_rows"] = len(self.store.canonical)
         return Ok(detail=f"released {dropped} staging rows of {len(message.rollout_ids)} rollouts")
+
+    async def on_retire(self, command: Retire) -> Message:
+        """A fenced attempt holds no canonical row: one sealed here just before the controller gave
+        up on it (its receipt was late and the stall watchdog failed it) goes with the fence."""
+        reply = await super().on_retire(command)
+        for ref in command.attempts:
+            row = self.store.unseal(ref.rollout_id, ref.attempt)
+            if row is not None:
+                self.counts["canonical_unsealed"] += 1
+                self.counts["canonical_rows"] = len(self.store.canonical)
+                self.history.record(
+                    RowUnsealed(rollout_id=row.rollout_id, attempt=row.attempt, capture_key=row.capture_key)
+                )
+        return reply
 
     def forget_attempts(self, keys: list[tuple[str, int]]) -> None:
         self.counts["rows_forgotten"] += self.store.forget(keys)

@@ -487,3 +487,84 @@ async def test_a_run_that_ends_on_an_error_mid_snapshot_aborts_that_snapshot(
     with pytest.raises(RuntimeError, match="the watchdog broke"):
         await run(tmp_path)
     assert prepared.is_set() and participants_held_at_the_end(tmp_path) == {}
+
+
+def stalled_while_sealing(monkeypatch, *, before_tq: bool) -> None:
+    """Attempt 0 of t0000_g1 is failed by the stall watchdog (retired on its agent, fenced everywhere,
+    attempt 1 reserved) while its Completed receipt is being sealed: after TQ sealed its rows
+    (``before_tq`` False: a late receipt), or before its SealRows reached TQ (True: one requeued)."""
+    from parkway.actors.roles.controller.receipts import Receipts
+    from parkway.protocol.messages import Failed
+
+    seal_rows = Receipts._seal_rows
+
+    async def watchdog_cuts_in(self: Receipts, receipt) -> bool:
+        if (receipt.rollout_id, receipt.attempt) != ("t0000_g1", 0):
+            return await seal_rows(self, receipt)
+        replica = self._state.ledger.sibling(receipt.rollout_id).current.replica
+
+        async def stalled() -> None:  # what Dispatcher.check_stalls does
+            await self._retirement.retire(((receipt.rollout_id, 0, replica),))
+            await self.fail(Failed(rollout_id=receipt.rollout_id, attempt=0, code="stalled"))
+
+        if before_tq:
+            await stalled()
+            return await seal_rows(self, receipt)
+        sealed = await seal_rows(self, receipt)
+        await stalled()
+        return sealed
+
+    monkeypatch.setattr(Receipts, "_seal_rows", watchdog_cuts_in)
+
+
+def tq_rows_of(state: Path, rollout: str) -> list[tuple[str, int, str | None]]:
+    """TQ's canonical-row history of ``rollout``: (kind, attempt, the capture key it replaced)."""
+    from parkway.actors.runtime.history import read_history
+    from parkway.protocol.history import RowSealed, RowUnsealed
+
+    return [
+        (r.kind, r.attempt, r.replaced if isinstance(r, RowSealed) else None)
+        for r in read_history(state / "history" / BASE["run"])
+        if isinstance(r, RowSealed | RowUnsealed) and r.rollout_id == rollout
+    ]
+
+
+async def test_an_attempt_failed_while_its_rows_were_sealed_leaves_no_canonical_row(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Found by parkway chaos (broker restarts at every save step): TQ sealed attempt 0's rows, the
+    # receipt's processing was then overtaken by the stall watchdog, which failed attempt 0; attempt 1
+    # sealed later and TQ replaced attempt 0's canonical row with its own. Now a fence drops the
+    # canonical row of the attempt it fences: attempt 1's seal finds none to replace.
+    from parkway.actors.runtime.history import HISTORY_ENV
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    stalled_while_sealing(monkeypatch, before_tq=False)
+    summary = await run(tmp_path)
+    assert summary.rollouts_sealed == 6 and summary.rollouts_redone == 1
+    assert tq_rows_of(tmp_path, "t0000_g1") == [
+        ("sealed", 0, None),
+        ("unsealed", 0, None),
+        ("sealed", 1, None),
+    ]
+
+
+async def test_a_seal_that_reaches_tq_after_its_fence_is_refused(tmp_path: Path, monkeypatch) -> None:
+    # The same race the other way round: the fence is at TQ before the seal (a SealRows requeued by a
+    # broker restart). TQ refuses it (stale_attempt) and the controller counts the receipt stale.
+    from parkway.actors.runtime.history import HISTORY_ENV, read_history
+    from parkway.protocol.history import Receipt
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    stalled_while_sealing(monkeypatch, before_tq=True)
+    summary = await run(tmp_path)
+    assert summary.rollouts_sealed == 6 and summary.rollouts_redone == 1
+    assert tq_rows_of(tmp_path, "t0000_g1") == [("sealed", 1, None)]
+    receipts = [
+        (r.attempt, r.of, r.outcome)
+        for r in read_history(tmp_path / "history" / BASE["run"])
+        if isinstance(r, Receipt) and r.rollout_id == "t0000_g1"
+    ]
+    assert (0, "completed", "fenced") in receipts and (1, "completed", "sealed") in receipts

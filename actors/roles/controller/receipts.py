@@ -17,7 +17,7 @@ from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
-from parkway.protocol.errors import ProtocolError
+from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Receipt, RolloutSealed
 from parkway.protocol.ledger import SealOutcome
 from parkway.protocol.messages import AttemptRef, Completed, Error, Failed, SealRows
@@ -72,9 +72,12 @@ class Receipts:
         else:
             sibling = ledger.sibling(receipt.rollout_id)
             target = sibling.attempts[receipt.attempt]
-            if target is sibling.current and target.state.value == "dispatched":
-                # Canonical rows first: a group the ledger settles must be readable by the trainer.
-                await self._seal_rows(receipt)
+            running = target is sibling.current and target.state.value == "dispatched"
+            # Canonical rows first: a group the ledger settles must be readable by the trainer.
+            if running and not await self._seal_rows(receipt):
+                self._stale_seal(receipt)
+                self._acknowledge(receipt)
+                return
             outcome = ledger.seal(
                 receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns
             )
@@ -171,7 +174,17 @@ class Receipts:
                 self._forgetting.ended(dispatched_refs(ledger.sibling(rollout)), ack_of=ack_of)
         self._wake()
 
-    async def _seal_rows(self, receipt: Completed) -> None:
+    def _stale_seal(self, receipt: Completed) -> None:
+        """TQ refused the seal: the attempt is fenced there, so this controller gave up on it while
+        its rows were being sealed (the stall watchdog failed it meanwhile). Its next attempt seals."""
+        self._counts["receipts_stale"] += 1
+        self._history.record(
+            Receipt(rollout_id=receipt.rollout_id, attempt=receipt.attempt, of="completed", outcome="fenced")
+        )
+        log.warning("seal_refused_fenced", rollout_id=receipt.rollout_id, attempt=receipt.attempt)
+
+    async def _seal_rows(self, receipt: Completed) -> bool:
+        """The attempt's canonical row in TQ; False when TQ has it fenced (nothing sealed)."""
         request = SealRows(
             rollout_id=receipt.rollout_id,
             attempt=receipt.attempt,
@@ -185,7 +198,9 @@ class Receipts:
                 "tq/0", request, correlation_id=f"seal:{receipt.capture_key}", deadline=time.time() + 30
             )
             if not isinstance(reply, Error):
-                return
+                return True
+            if reply.code is ErrorCode.STALE_ATTEMPT:
+                return False
             if not reply.retryable:
                 raise ProtocolError(reply.code, reply.detail)
         raise RuntimeError(f"TQ has no staging rows for {receipt.capture_key} after retries")
