@@ -272,7 +272,12 @@ class Actor:
             self.replies.finish(key, None, remember=False)  # cancelled (stop or crash): redelivered later
             raise
         content = codec.encode(reply) if reply is not None else None
-        remember = reply is not None and not (isinstance(reply, Error) and reply.retryable)
+        # A handler that raised is not remembered: its cause may be gone when the message comes again
+        # (a broker restart under a request the handler made), and a resend (an agent's receipt, a
+        # client's retry) must run it again, not meet its failure in the cache.
+        remember = (
+            reply is not None and failure is None and not (isinstance(reply, Error) and reply.retryable)
+        )
         # Control replies are journaled (fsync) to survive a crash; data replies are cached in memory only,
         # their effects are made idempotent by their own keys (call index, tool-call key).
         self.replies.finish(key, content, remember=remember, durable=isinstance(message, ControlCommand))

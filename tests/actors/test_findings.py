@@ -568,3 +568,27 @@ async def test_a_seal_that_reaches_tq_after_its_fence_is_refused(tmp_path: Path,
         if isinstance(r, Receipt) and r.rollout_id == "t0000_g1"
     ]
     assert (0, "completed", "fenced") in receipts and (1, "completed", "sealed") in receipts
+
+
+async def test_a_receipt_whose_handling_failed_is_handled_when_resent(tmp_path: Path, monkeypatch) -> None:
+    # Found by parkway chaos (a broker restart while the controller sealed a receipt's rows): the
+    # Completed handler raised, its failure went into the reply cache under the receipt's id, and the
+    # agent's every resend was answered from there. The rollout sat until the stall watchdog redid it
+    # two minutes later. Now the resend is handled: attempt 0 seals, nothing is redone.
+    from parkway.actors.roles.controller.receipts import Receipts
+    from parkway.actors.runtime.settings import RECEIPT_RESEND_ENV
+    from parkway.brokers.base import BrokerError
+
+    monkeypatch.setenv(RECEIPT_RESEND_ENV, "0.05")
+    seal_rows, failures = Receipts._seal_rows, {"left": 1}
+
+    async def broker_gone_once(self: Receipts, receipt) -> bool:
+        if (receipt.rollout_id, receipt.attempt) == ("t0000_g1", 0) and failures["left"] > 0:
+            failures["left"] -= 1
+            raise BrokerError("publish to 'tq/0' failed: the channel closed")
+        return await seal_rows(self, receipt)
+
+    monkeypatch.setattr(Receipts, "_seal_rows", broker_gone_once)
+    summary = await run(tmp_path, rollout={**BASE["rollout"], "stall_timeout_s": 5})
+    assert failures["left"] == 0 and summary.rollouts_sealed == 6
+    assert summary.rollouts_redone == 0 and summary.attempts_failed == 0

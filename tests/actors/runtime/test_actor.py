@@ -119,6 +119,31 @@ async def test_a_retried_command_gets_the_cached_reply_and_runs_once(tq: Actor, 
     assert tq.counts["Probe"] == 1 and tq.counts["replayed"] == 1
 
 
+async def test_a_handler_that_raised_runs_again_when_its_message_comes_again(
+    tq: Actor, client: Client, broker: MemoryBroker
+) -> None:
+    # CI's chaos schedule: the controller's Completed handler raised (its seal request met a broker
+    # restart), and every resend of that receipt was then answered from the reply cache, never run:
+    # the rollout waited two minutes for the stall watchdog. A failure is not an answer to remember.
+    handle = tq.handlers[Probe]
+    calls = {"n": 0}
+
+    async def fails_once(message: Probe) -> Message:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the broker went away under this handler")
+        return await handle(message)
+
+    tq.handlers[Probe] = fails_once
+    first = await client.request("tq/0", probe("p-11"))
+    second = await client.request("tq/0", probe("p-11"))
+    assert isinstance(first, Error) and first.code is ErrorCode.INTERNAL
+    assert isinstance(second, ProbeResult) and calls["n"] == 2 and tq.counts.get("replayed", 0) == 0
+    third = await client.request("tq/0", probe("p-11"))  # a success is remembered as before
+    assert third == second and calls["n"] == 2 and tq.counts["replayed"] == 1
+    assert len(await broker.read_dead_letters()) == 1  # the failed delivery, once
+
+
 async def test_concurrent_duplicates_wait_for_the_first(tq: Actor, client: Client) -> None:
     replies = await asyncio.gather(*(client.request("tq/0", probe("p-8", work_s=0.05)) for _ in range(3)))
     assert len({r for r in replies}) == 1
