@@ -210,6 +210,10 @@ class TransferStore:
 class TransferQueue(Participant):
     role = Role.TQ
     prefetch = 256
+    # A trainer's read of canonical rows is answered fresh, never cached: each read has its own id, so
+    # a cached copy (about 7 KB a group) was never read again, and it filled TQ's reply cache to its
+    # byte bound in the 100,000-rollout soak.
+    queries = (*Participant.queries, FetchRows)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

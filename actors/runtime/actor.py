@@ -93,6 +93,7 @@ class Actor:
 
     role: ClassVar[str] = "actor"
     prefetch: int = 32  # deliveries in flight at once; a role sets its own, an instance may raise it
+    queries: ClassVar[tuple[type[Message], ...]] = QUERIES  # a role adds its own read-only messages
 
     def __init__(
         self,
@@ -235,7 +236,7 @@ class Actor:
         except ProtocolError as err:  # of a timeline a restore ended: dead-lettered like any refusal
             await self._refuse(delivery, err, sender, type(message).__name__)
             return
-        if isinstance(message, QUERIES):  # read-only: always answered fresh, never cached
+        if isinstance(message, self.queries):  # read-only: always answered fresh, never cached
             await self._answer_query(delivery, handler, message)
             return
         key = (envelope.correlation_id, type(message).__name__, sender)
@@ -371,7 +372,10 @@ class Actor:
     async def _answer_query(self, delivery: Delivery, handler: Handler, message: Message) -> None:
         # At most once: ack first, so a crash never makes a restarted process answer it a second time.
         await delivery.ack()
-        reply = await handler(message)
+        try:
+            reply = await handler(message)
+        except ProtocolError as err:
+            reply = Error(code=err.code, detail=err.detail, retryable=err.retryable)
         self.counts[type(message).__name__] += 1
         self.metrics.message(type(message).__name__, HANDLED)
         if reply is not None:

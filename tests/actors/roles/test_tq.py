@@ -67,3 +67,13 @@ def test_release_drops_what_the_trainer_consumed_and_keeps_the_regeneration_coun
     loaded = TransferStore.load(tmp_path)
     assert loaded.turns_regenerated == 1 and set(loaded.staging) == {"g_g1"}
     assert loaded.release(("g_g1",)) == 1 and not loaded.staging
+
+
+def test_unsealing_drops_only_the_row_of_that_attempt() -> None:
+    store = TransferStore()
+    store.add(row("g_g0", 0))
+    store.seal("g_g0", 0, "g_g0", 1.0)
+    assert store.unseal("g_g0", 1) is None and "g_g0" in store.canonical  # another attempt's fence
+    assert store.unseal("g_g0", 0) is not None and "g_g0" not in store.canonical
+    assert store.has("g_g0:0")  # its staging row stays: a continuation may build on it
+    assert store.unseal("g_g0", 0) is None

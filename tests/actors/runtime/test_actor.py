@@ -15,7 +15,22 @@ from parkway.actors.runtime.client import Client
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec
 from parkway.protocol.errors import ErrorCode
-from parkway.protocol.messages import Error, Message, Probe, ProbeResult, Run, Status, StatusReport
+from parkway.protocol.messages import (
+    CanonicalRows,
+    Error,
+    FetchRows,
+    Message,
+    Ok,
+    Probe,
+    ProbeResult,
+    ReleaseRows,
+    Rows,
+    Run,
+    SealRows,
+    StagingRow,
+    Status,
+    StatusReport,
+)
 
 from tests.support.signed import SECRET, raw_request, signed_raw
 from tests.support.waiting import until
@@ -142,6 +157,31 @@ async def test_a_handler_that_raised_runs_again_when_its_message_comes_again(
     third = await client.request("tq/0", probe("p-11"))  # a success is remembered as before
     assert third == second and calls["n"] == 2 and tq.counts["replayed"] == 1
     assert len(await broker.read_dead_letters()) == 1  # the failed delivery, once
+
+
+async def test_a_read_of_canonical_rows_is_answered_fresh_not_cached(tq: Actor, broker: MemoryBroker) -> None:
+    # The trainer's FetchRows is read-only: a second read under the same id sees what TQ holds now
+    # (here: nothing, the rows were released), and no read's reply takes room in the reply cache.
+    trainer = Client(broker, secret=SECRET, sender="trainer/0")
+    controller = Client(broker, secret=SECRET, sender="controller/0")
+    staged = StagingRow(capture_key="g_g0", turn=0, token_ids=(1, 2), logprobs=(-0.5, -0.5))
+    await tq.on_rows(Rows(rows=(staged,)))
+    sealed = await controller.request(
+        "tq/0",
+        SealRows(rollout_id="g_g0", attempt=0, capture_key="g_g0", reward=1.0),
+        correlation_id="seal:g_g0",
+    )
+    assert isinstance(sealed, Ok)
+    cached = len(tq.replies)
+    first = await trainer.request("tq/0", FetchRows(rollout_ids=("g_g0",)), correlation_id="fetch-1")
+    assert isinstance(first, CanonicalRows) and [r.rollout_id for r in first.rows] == ["g_g0"]
+    released = await controller.request(
+        "tq/0", ReleaseRows(rollout_ids=("g_g0",)), correlation_id="release-1"
+    )
+    assert isinstance(released, Ok), released
+    again = await trainer.request("tq/0", FetchRows(rollout_ids=("g_g0",)), correlation_id="fetch-1")
+    assert isinstance(again, CanonicalRows) and again.rows == () and again.missing == ("g_g0",)
+    assert len(tq.replies) == cached + 1  # the release only
 
 
 async def test_concurrent_duplicates_wait_for_the_first(tq: Actor, client: Client) -> None:
