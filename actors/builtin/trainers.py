@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from parkway.actors.sdk.trainer import GroupResult, Trainer, TrainStep
+
+RECENT_STEPS = 64
 
 
 @dataclass
@@ -13,13 +16,16 @@ class ExampleTrainer(Trainer):
     """Records batch statistics and bumps the policy version, as a real trainer's update would."""
 
     policy_version: int = 0
-    steps: list[TrainStep] = field(default_factory=list)
+    trained: int = 0  # steps trained
+    # The latest steps, for a look at them; a run of millions of rollouts trains for days.
+    recent: deque[TrainStep] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
 
     def train(self, batch: list[GroupResult]) -> TrainStep:
         rows = [row for group in batch for row in group.rows]
         self.policy_version += 1
+        self.trained += 1
         step = TrainStep(
-            step=len(self.steps) + 1,
+            step=self.trained,
             policy_version=self.policy_version,
             groups=len(batch),
             samples=len(rows),
@@ -27,11 +33,11 @@ class ExampleTrainer(Trainer):
             mean_reward=statistics.fmean(r.reward for r in rows) if rows else 0.0,
             tokens=sum(len(t.token_ids) for r in rows for t in r.turns),
         )
-        self.steps.append(step)
+        self.recent.append(step)
         return step
 
     def state(self) -> dict[str, object]:
-        return {"policy_version": self.policy_version, "steps": len(self.steps)}
+        return {"policy_version": self.policy_version, "steps": self.trained}
 
     def load_state(self, state: dict[str, object]) -> None:
         version = state["policy_version"]

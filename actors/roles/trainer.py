@@ -41,6 +41,7 @@ from parkway.protocol.messages import (
 from parkway.protocol.training import StepRecord, transcript_digest
 
 log = structlog.get_logger("parkway.trainer")
+REPLY_CAPACITY = 64  # replies kept: a retry of a recent step is answered from its record anyway
 
 FETCH_TIMEOUT_S = 60.0  # canonical rows of a whole batch, possibly large
 
@@ -65,6 +66,9 @@ class TrainerActor(Actor):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        # A retried Train is answered from the step records, never from the reply cache: a few
+        # replies suffice there, not 4,096 of about 2 KB each (the soak's driver grew by them).
+        self.replies.capacity = min(self.replies.capacity, REPLY_CAPACITY)
         if trainer is None:
             trainer = plugins.check_trainer(plugins.resolve(plugins.Kind.TRAINER, kind), dict(options or {}))
         self.trainer = trainer
