@@ -38,6 +38,14 @@ async def run(state: Path, *, stop_after: int | None = None, **overrides: object
     return await embedded_run({**BASE, **overrides}, state, stop_after=stop_after)
 
 
+def record_history(monkeypatch, state: Path) -> None:
+    """Every actor of the run records its history under ``state`` (what the checks below read)."""
+    from parkway.actors.runtime.history import HISTORY_ENV
+
+    monkeypatch.setenv(HISTORY_ENV, "1")
+    monkeypatch.setenv("PARKWAY_STATE_DIR", str(state))
+
+
 async def test_restart_only_servers_fail_setup_by_name(tmp_path: Path) -> None:
     with pytest.raises(SetupError) as info:
         await run(tmp_path, resources={"mode": "restart_only"})
@@ -290,10 +298,9 @@ async def test_a_restore_fences_the_restored_ledgers_dead_attempts(tmp_path: Pat
     # A restore drops every participant's fences (the dead cluster's may name attempt numbers the
     # restored ledger gives out again) and fences the restored timeline's: the attempts it restarts and
     # the ones that had failed before the snapshot.
-    from parkway.actors.runtime.history import HISTORY_ENV, read_history
+    from parkway.actors.runtime.history import read_history
 
-    monkeypatch.setenv(HISTORY_ENV, "1")
-    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    record_history(monkeypatch, tmp_path)
     faults = {"fail_attempts": ["t0000_g1@0:0"]}  # attempt 0 fails at its first turn, attempt 1 redoes it
     with pytest.raises(SimulatedCrash):
         await run(tmp_path, stop_after=3, faults=faults)
@@ -310,10 +317,8 @@ async def test_a_failed_attempt_is_fenced_everywhere_before_its_next_attempt(
     # wire (requeued by a broker restart, resent by the agent's client): the seeded chaos run once saw
     # the policy start a requeued call of attempt 0 after attempt 1 was dispatched. So the policy, every
     # tool server and TQ fence attempt 0 before attempt 1 goes out.
-    from parkway.actors.runtime.history import HISTORY_ENV
 
-    monkeypatch.setenv(HISTORY_ENV, "1")
-    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    record_history(monkeypatch, tmp_path)
     summary = await run(tmp_path, faults={"fail_attempts": ["t0000_g1@0:1"]})  # fails at its second turn
     assert summary.attempts_failed == 1 and summary.rollouts_redone == 1 and summary.rollouts_sealed == 6
     assert fenced_before_the_redo(tmp_path) == {"policy/0", "resources/0", "resources/1", "tq/0"}
@@ -324,12 +329,10 @@ async def test_a_fence_waits_out_a_broker_restart(tmp_path: Path, monkeypatch) -
     # outage's): the participants behind it are alive, so the fence is tried again, not skipped.
     import structlog
     from parkway.actors.runtime.client import Client
-    from parkway.actors.runtime.history import HISTORY_ENV
     from parkway.brokers.base import BrokerError
     from parkway.protocol.messages import Retire
 
-    monkeypatch.setenv(HISTORY_ENV, "1")
-    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    record_history(monkeypatch, tmp_path)
     real_request = Client.request
     refused: list[str] = []
 
@@ -389,11 +392,9 @@ async def test_a_run_that_ends_during_a_snapshot_leaves_no_participant_held(
 
     from parkway.actors.roles.controller.forget import Forgetting
     from parkway.actors.roles.controller.save import SAVE_STEPS, SaveSequence
-    from parkway.actors.runtime.history import HISTORY_ENV
     from parkway.protocol.snapshot import SaveStep
 
-    monkeypatch.setenv(HISTORY_ENV, "1")
-    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    record_history(monkeypatch, tmp_path)
     winding_down, prepared = asyncio.Event(), asyncio.Event()
     late = {"id": None}
     close_gate, prepare, flush = SaveSequence.close_gate, SaveSequence.prepare, Forgetting.flush
@@ -465,11 +466,9 @@ async def test_a_run_that_ends_on_an_error_mid_snapshot_aborts_that_snapshot(
 
     from parkway.actors.roles.controller.dispatch import Dispatcher
     from parkway.actors.roles.controller.save import SAVE_STEPS, SaveSequence
-    from parkway.actors.runtime.history import HISTORY_ENV
     from parkway.protocol.snapshot import SaveStep
 
-    monkeypatch.setenv(HISTORY_ENV, "1")
-    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    record_history(monkeypatch, tmp_path)
     prepared, never = asyncio.Event(), asyncio.Event()
     prepare = SaveSequence.prepare
 
@@ -536,10 +535,8 @@ async def test_an_attempt_failed_while_its_rows_were_sealed_leaves_no_canonical_
     # receipt's processing was then overtaken by the stall watchdog, which failed attempt 0; attempt 1
     # sealed later and TQ replaced attempt 0's canonical row with its own. Now a fence drops the
     # canonical row of the attempt it fences: attempt 1's seal finds none to replace.
-    from parkway.actors.runtime.history import HISTORY_ENV
 
-    monkeypatch.setenv(HISTORY_ENV, "1")
-    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    record_history(monkeypatch, tmp_path)
     stalled_while_sealing(monkeypatch, before_tq=False)
     summary = await run(tmp_path)
     assert summary.rollouts_sealed == 6 and summary.rollouts_redone == 1
@@ -553,11 +550,10 @@ async def test_an_attempt_failed_while_its_rows_were_sealed_leaves_no_canonical_
 async def test_a_seal_that_reaches_tq_after_its_fence_is_refused(tmp_path: Path, monkeypatch) -> None:
     # The same race the other way round: the fence is at TQ before the seal (a SealRows requeued by a
     # broker restart). TQ refuses it (stale_attempt) and the controller counts the receipt stale.
-    from parkway.actors.runtime.history import HISTORY_ENV, read_history
+    from parkway.actors.runtime.history import read_history
     from parkway.protocol.history import Receipt
 
-    monkeypatch.setenv(HISTORY_ENV, "1")
-    monkeypatch.setenv("PARKWAY_STATE_DIR", str(tmp_path))
+    record_history(monkeypatch, tmp_path)
     stalled_while_sealing(monkeypatch, before_tq=True)
     summary = await run(tmp_path)
     assert summary.rollouts_sealed == 6 and summary.rollouts_redone == 1
