@@ -88,6 +88,12 @@ QUERIES = (Status, Discover, MemoryReport)
 Handler = Callable[[Any], Awaitable[Message | None]]
 
 
+def request_key(request: Envelope) -> tuple[str, str] | None:
+    """Who asked and under which request id: a reply goes once per key (None: not a request)."""
+    request_id = request.headers.get(REQUEST_ID_HEADER)
+    return (request.reply_to or "", request_id) if request_id else None
+
+
 class Actor:
     """Base of every role. Subclasses set ``role`` and add handlers in ``__init__``."""
 
@@ -192,7 +198,7 @@ class Actor:
     async def _on_delivery(self, delivery: Delivery) -> None:
         # The first delivery of a request owns its reply; a redelivery of it while that one is still
         # in hand (its channel was closed under it: consumer_timeout, a broker restart) waits for it.
-        key = self._request_key(delivery.envelope)
+        key = request_key(delivery.envelope)
         owned = key if key is not None and key not in self._replying else None
         if owned is not None:
             self._replying[owned] = (delivery, asyncio.get_running_loop().create_future())
@@ -273,9 +279,8 @@ class Actor:
             self.replies.finish(key, None, remember=False)  # cancelled (stop or crash): redelivered later
             raise
         content = codec.encode(reply) if reply is not None else None
-        # A handler that raised is not remembered: its cause may be gone when the message comes again
-        # (a broker restart under a request the handler made), and a resend (an agent's receipt, a
-        # client's retry) must run it again, not meet its failure in the cache.
+        # Not remembered: a retryable error, and a handler that raised (its cause may be gone, a broker
+        # restart): a retry or a resend runs the handler again.
         remember = (
             reply is not None and failure is None and not (isinstance(reply, Error) and reply.retryable)
         )
@@ -310,7 +315,7 @@ class Actor:
         channel closed before its ack: a broker restart, ``consumer_timeout``) is only acked, so each
         request gets one reply."""
         request = delivery.envelope
-        key = self._request_key(request)
+        key = request_key(request)
         owner = self._replying.get(key) if key is not None else None
         if owner is not None and owner[0] is not delivery:
             await asyncio.shield(owner[1])  # the first delivery of this request answers it, or fails to
@@ -321,11 +326,6 @@ class Actor:
             await delivery.ack()
         else:
             await delivery.nack(requeue=True)
-
-    @staticmethod
-    def _request_key(request: Envelope) -> tuple[str, str] | None:
-        request_id = request.headers.get(REQUEST_ID_HEADER)
-        return (request.reply_to or "", request_id) if request_id else None
 
     async def _try_reply(self, request: Envelope, content: bytes, *, cached: bool = True) -> bool:
         """Send the reply; False only when the transport failed every try (logged and counted).
@@ -343,7 +343,7 @@ class Actor:
             self.metrics.reply_not_sent(REPLY_TRANSPORT)
             log.warning("reply_failed", correlation_id=request.correlation_id, detail=str(exc))
             return False
-        key = self._request_key(request) if cached else None
+        key = request_key(request) if cached else None
         if key is not None:
             self._answered_requests[key] = None
             # Only a request whose reply is still cached is looked up here (``_answer_again``), so

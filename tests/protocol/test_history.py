@@ -32,6 +32,7 @@ OTHER_KINDS = [
     {"k": "aborted", "r": "t0000_g0", "a": 1, "request": "t0000_g0-a1:3"},
     {"k": "duplicate", "r": "t0000_g0", "a": 0, "i": 2, "tool": "transfer"},
     {"k": "stalled", "r": "t0000_g0", "a": 0},
+    {"k": "unsealed", "actor": "tq/0", "r": "t0000_g0", "a": 0, "ck": "t0000_g0"},
     {"k": "replica_restarted", "replica": 1, "lost": ["t0000_g0", "t0001_g2"]},
     {"k": "orphan_aborted", "cid": "ck-1", "participants": ["agent/0", "tq/0"]},
     {"k": "snap_skipped", "cid": "ck-1"},

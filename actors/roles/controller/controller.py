@@ -14,7 +14,6 @@ only through ``host.SnapshotHost``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,12 @@ from parkway.actors.roles.controller.receipts import Receipts
 from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.save import Published
 from parkway.actors.roles.controller.sizes import controller_sizes
-from parkway.actors.roles.controller.snapshots import SnapshotCoordinator, take_requested
+from parkway.actors.roles.controller.snapshots import (
+    SnapshotCoordinator,
+    settle_cut_off_abort,
+    stop_between_saves,
+    take_requested,
+)
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.roles.controller.summary import (
     RunSummary,
@@ -57,8 +61,6 @@ from parkway.protocol.ids import Role, rollout_id
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import Completed, Failed, Message, Snapshot, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure
-
-ABORT_AT_EXIT_S = 10.0  # how long a run ending on an error waits to abort a save it cut off
 
 # Importable from here, where callers have always found them.
 __all__ = ["Controller", "RunSummary", "SetupError", "SimulatedCrash"]
@@ -349,10 +351,8 @@ class Controller(Actor):
         background: list[asyncio.Task[None]] = []
         crash: asyncio.Future[None] = loop.create_future()
         background.append(loop.create_task(self._watch_agents(config, dispatcher, crash)))
-        snapshot_loop: asyncio.Task[None] | None = None
-        if self.snapshots is not None:
-            snapshot_loop = loop.create_task(self._snapshot_loop(config, stop_after_snapshots, crash))
-            background.append(snapshot_loop)
+        if self.snapshots is not None:  # the last task started: the run's end stops it between saves
+            background.append(loop.create_task(self._snapshot_loop(config, stop_after_snapshots, crash)))
         try:
             while dispatcher.has_work() or training.busy:  # a last step may still checkpoint
                 if crash.done():
@@ -371,9 +371,8 @@ class Controller(Actor):
             # What ended is forgotten before the summary (one try each: a participant that is down
             # does not hold the end of the run up; it bounds what it holds by itself).
             await self.forgetting.flush(tries=1)
-            if snapshot_loop is not None:
-                await self._stop_between_snapshots(snapshot_loop)
             if self.snapshots is not None:
+                await stop_between_saves(background[-1], self._snapshot_lock)
                 await self.snapshots.settle_abort()
                 await self.snapshots.mark_completed()
         finally:
@@ -382,10 +381,7 @@ class Controller(Actor):
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            if self.snapshots is not None and self.snapshots.aborting:
-                # A save cut off by an error: its abort round, bounded, so no participant stays held.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.snapshots.settle_abort(), ABORT_AT_EXIT_S)
+            await settle_cut_off_abort(self.snapshots)
         wall = time.monotonic() - started
         self.stage = "summing up"
         return await summarize(
@@ -445,14 +441,6 @@ class Controller(Actor):
         except Exception as exc:  # surfaced in the run loop: a run never ends silently
             if not crash.done():
                 crash.set_exception(exc)
-
-    async def _stop_between_snapshots(self, snapshot_loop: asyncio.Task[None]) -> None:
-        """The run's end: the snapshot loop stops between two saves, never inside one. A save cut off
-        mid-way would leave every participant prepared for its id until the lease lapses, and the next
-        session's first Prepare refused there (``checkpoint_conflict``)."""
-        async with self._snapshot_lock:  # a save in flight ends (published, skipped or aborted) first
-            snapshot_loop.cancel()
-            await asyncio.gather(snapshot_loop, return_exceptions=True)
 
     async def take_snapshot(self, stop_after: int | None = None) -> Published | None:
         """One snapshot now: what it published, or None (skipped, failed, or ``stop_after`` reached).

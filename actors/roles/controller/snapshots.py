@@ -8,6 +8,7 @@ The save is ``save.py`` and the restore ``restore.py``; both reach the controlle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from parkway.protocol.snapshot import SnapshotFailure
 from parkway.protocol.snapshot_failures import FailurePolicy, SnapshotHealth
 
 log = structlog.get_logger("parkway.snapshots")
+ABORT_AT_EXIT_S = 10.0  # how long a run ending on an error waits to abort a save it cut off
 
 RESTORE_RETRY_FIRST_S, RESTORE_RETRY_MAX_S = 0.5, 8.0  # the pause before retrying a failed restore
 
@@ -208,3 +210,20 @@ async def take_requested(
     if isinstance(outcome, Skipped):
         return SnapshotTaken(snapshot="", skipped=True)
     return SnapshotTaken(snapshot=outcome.name, checkpoint_id=outcome.checkpoint_id)
+
+
+async def stop_between_saves(snapshot_loop: asyncio.Task[None], lock: asyncio.Lock) -> None:
+    """The run's end: the snapshot loop stops between two saves, never inside one. A save cut off
+    mid-way would leave every participant prepared for its id until the lease lapses, and the next
+    session's first Prepare refused there (``checkpoint_conflict``)."""
+    async with lock:  # a save in flight ends (published, skipped or aborted) first
+        snapshot_loop.cancel()
+        await asyncio.gather(snapshot_loop, return_exceptions=True)
+
+
+async def settle_cut_off_abort(snapshots: SnapshotCoordinator | None) -> None:
+    """A save an error cut off started its abort round: wait for it, bounded, so no participant stays
+    held; the error that ended the run is what the caller raises, not this round's."""
+    if snapshots is not None and snapshots.aborting:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(snapshots.settle_abort(), ABORT_AT_EXIT_S)
