@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import statistics
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from parkway.actors.sdk.trainer import GroupResult, Trainer, TrainStep
-
-RECENT_STEPS = 64
 
 
 @dataclass
@@ -16,9 +13,7 @@ class ExampleTrainer(Trainer):
     """Records batch statistics and bumps the policy version, as a real trainer's update would."""
 
     policy_version: int = 0
-    trained: int = 0  # steps trained
-    # The latest steps, for a look at them; a run of millions of rollouts trains for days.
-    recent: deque[TrainStep] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    trained: int = 0  # steps trained (a count, not a list: a run of millions of rollouts trains for days)
 
     def train(self, batch: list[GroupResult]) -> TrainStep:
         rows = [row for group in batch for row in group.rows]
@@ -33,7 +28,6 @@ class ExampleTrainer(Trainer):
             mean_reward=statistics.fmean(r.reward for r in rows) if rows else 0.0,
             tokens=sum(len(t.token_ids) for r in rows for t in r.turns),
         )
-        self.recent.append(step)
         return step
 
     def state(self) -> dict[str, object]:

@@ -78,11 +78,6 @@ class SnapshotCoordinator:
         """Wait for an abort round still in flight (the run's end: every participant hears it)."""
         await self.saver.settle_abort()
 
-    @property
-    def aborting(self) -> bool:
-        """Whether an abort round was started and not yet settled."""
-        return self.saver.aborting is not None
-
     async def restore_if_any(self) -> bool:
         """Restore the newest valid snapshot of this run, if there is one. True when restored.
 
@@ -224,6 +219,6 @@ async def stop_between_saves(snapshot_loop: asyncio.Task[None], lock: asyncio.Lo
 async def settle_cut_off_abort(snapshots: SnapshotCoordinator | None) -> None:
     """A save an error cut off started its abort round: wait for it, bounded, so no participant stays
     held; the error that ended the run is what the caller raises, not this round's."""
-    if snapshots is not None and snapshots.aborting:
+    if snapshots is not None:  # (no round in flight: settle_abort returns at once)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(snapshots.settle_abort(), ABORT_AT_EXIT_S)
