@@ -8,6 +8,10 @@ Modes:
 - ``rabbitmq``: every actor its own OS process (``parkway actor``) on the local RabbitMQ, the controller
   in this process, exactly as ``parkway run --broker`` runs it.
 
+History (``actors/runtime/history.py``: a record per fact, with its wall-clock time): ``history_roles``
+turns it on for those roles' processes over RabbitMQ (embedded, for every actor of the process), under
+the cluster's state directory, for a benchmark to read back (``history_records``).
+
 Logs: the benchmark's own process logs at ``warning`` (an info line per turn, rendered for a terminal,
 would be measured as framework cost); actor processes log at ``--actor-log-level`` (default warning).
 The actor processes are started and stopped by parkway's one launcher (``parkway.actors.launch.processes``).
@@ -21,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from parkway.actors.launch.workload import run_workload
 from parkway.actors.roles.controller.controller import Controller, RunSummary
 from parkway.actors.run.config import RunConfig, from_dict
 from parkway.actors.run.tasks import Task, load_tasks
+from parkway.actors.runtime.history import HISTORY_ENV, history_dir
 from parkway.actors.runtime.logs import configure_logging
 from parkway.brokers.base import Broker
 from parkway.brokers.memory import MemoryBroker, MemoryHub
@@ -101,10 +106,15 @@ async def started(
     actor_log_level: str = "warning",
     keep_queues: bool = False,
     spawn: bool = True,
+    history_roles: Collection[str] = (),
+    kill_at_end: bool = False,
 ) -> AsyncIterator[Cluster]:
     """A cluster of configuration ``data`` (a fresh "machine"; ``state`` reuses a state directory).
     Over RabbitMQ: ``spawn=False`` when the actor processes were started already; the run's queues are
-    deleted afterwards unless ``keep_queues``."""
+    deleted afterwards unless ``keep_queues``. ``history_roles``: the roles that record their history
+    (embedded: any role named turns it on for every actor, as they share this process's environment).
+    ``kill_at_end``: the actor processes are killed at the end, not stopped (a cluster that is thrown
+    away need not wait for its graceful stop)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     bench_logging()
@@ -113,21 +123,51 @@ async def started(
     state = state or Path(tempfile.mkdtemp(prefix="parkway-bench-"))
     processes: list[Process] = []
     broker: Broker
+    recording: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if mode == "embedded":
         broker = MemoryBroker(MemoryHub(), config.run)
+        if history_roles:
+            recording = history_on(state)
     else:
         from parkway.brokers.rabbitmq import RabbitBroker
 
-        processes = spawn_actors(data, state, actor_log_level) if spawn else []
+        processes = spawn_actors(data, state, actor_log_level, history_roles) if spawn else []
         broker = RabbitBroker(URL, config.run, connection_name=f"parkway-{config.run}-bench")
     try:
-        async with broker:
-            controller = Controller(broker, secret=SECRET, replica=0)
-            yield Cluster(mode, config, tasks, broker, controller, state, processes)
+        with recording:
+            async with broker:
+                controller = Controller(broker, secret=SECRET, replica=0)
+                yield Cluster(mode, config, tasks, broker, controller, state, processes)
     finally:
-        stop_processes(processes)
+        stop_processes(processes, kill=kill_at_end)
         if mode == "rabbitmq" and not keep_queues:
             await delete_run(config)
+
+
+@contextlib.contextmanager
+def history_on(state: Path) -> Iterator[None]:
+    """Every actor made in this process meanwhile records its history under ``state``."""
+    saved = {name: os.environ.get(name) for name in (HISTORY_ENV, "PARKWAY_STATE_DIR")}
+    os.environ[HISTORY_ENV], os.environ["PARKWAY_STATE_DIR"] = "1", str(state)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def history_records(c: Cluster, role: str) -> Iterator[dict[str, Any]]:
+    """The history records of ``role``'s actors, as their files hold them (``t``, ``k``, ``r``, ``a``,
+    ``i``...: ``parkway.protocol.history``), file by file. A last line cut short is skipped."""
+    import json
+
+    for path in sorted(history_dir(c.state, c.config.run).glob(f"{role}-*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line cut by a process stopped mid-write
+                yield json.loads(line)
 
 
 async def embedded(data: dict[str, Any]) -> RunSummary:
@@ -139,14 +179,14 @@ async def embedded(data: dict[str, Any]) -> RunSummary:
 async def delete_run(config: RunConfig) -> None:
     """Delete a run's queues and exchanges on RabbitMQ (durable: they would outlive the benchmark)."""
     import aio_pika
+    from parkway.brokers.rabbitmq import run_exchanges, run_queues
 
-    prefix = f"pk.{config.run}"
-    addresses = [f"{role}/{i}" for role, i in roles(config)] + ["controller/0"]
+    # The controller's process declares its own queues and, hosted inline, the trainer's.
+    addresses = sorted({f"{role}/{i}" for role, i in roles(config)} | {"controller/0", "trainer/0"})
     connection = await aio_pika.connect(URL)
     async with connection:
-        queues = [f"{prefix}.q.{a}" for a in addresses] + [f"{prefix}.dead", f"{prefix}.logs"]
-        for kind, name in [("queue", q) for q in queues] + [
-            ("exchange", e) for e in (prefix, f"{prefix}.dlx", f"{prefix}.logs")
+        for kind, name in [("queue", q) for q in run_queues(config.run, addresses)] + [
+            ("exchange", e) for e in run_exchanges(config.run)
         ]:
             with contextlib.suppress(Exception):  # one channel each: an error closes its channel
                 async with connection.channel() as channel:
@@ -156,16 +196,21 @@ async def delete_run(config: RunConfig) -> None:
                         await channel.exchange_delete(name)
 
 
-def spawn_actors(data: dict[str, Any], state: Path, log_level: str) -> list[Process]:
+def spawn_actors(
+    data: dict[str, Any], state: Path, log_level: str, history_roles: Collection[str] = ()
+) -> list[Process]:
     """Every actor of ``data`` as its own ``parkway actor`` process on the local RabbitMQ (their logs go
-    to this process's stderr)."""
+    to this process's stderr); those of ``history_roles`` record their history."""
     config = from_dict(data)
     state.mkdir(parents=True, exist_ok=True)
     config_path = state / "run.yaml"
     config_path.write_text(yaml.safe_dump(data))
     env = launch.run_environment(run=config.run, secret=SECRET.decode(), state=state, broker_url=URL)
+    recording = {**env, HISTORY_ENV: "1"}
     return [
-        launch.start_actor(role, i, env=env, config=config_path, log_level=log_level)
+        launch.start_actor(
+            role, i, env=recording if role in history_roles else env, config=config_path, log_level=log_level
+        )
         for role, i in roles(config)
     ]
 

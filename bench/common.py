@@ -36,10 +36,10 @@ def add_quick(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--quick", action="store_true", help=help)
 
 
-def add_modes(parser: argparse.ArgumentParser) -> None:
+def add_modes(parser: argparse.ArgumentParser, default: Sequence[str] = MODES) -> None:
     """``--modes``: where the cluster runs (``embedded``: one process; ``rabbitmq``: every actor its own
     process on the local RabbitMQ)."""
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(default), choices=MODES)
 
 
 def add_engine(parser: argparse.ArgumentParser, *, delay: float, tool_delay: float) -> None:
@@ -66,6 +66,41 @@ def machine() -> dict[str, Any]:
         "loadavg_1m_at_start": round(load[0], 2),
         "python": sys.version.split()[0],
     }
+
+
+def load_1m() -> float:
+    """The 1-minute load average now (a point's load is taken before it and after it)."""
+    return round(os.getloadavg()[0], 2)
+
+
+def process_tree_cpu_s(pids: Iterable[int]) -> dict[int, float | None]:
+    """CPU seconds (user and system) each process of ``pids`` and its descendants have used so far (an
+    engine's compute process counts with the policy that started it); None for one that is gone."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        pid = int(stat.parent.name)
+        parent[pid] = int(fields[1])
+        used[pid] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: the stat's 14th and 15th
+    totals: dict[int, float | None] = {}
+    for root in pids:
+        if root not in used:
+            totals[root] = None
+            continue
+        total = 0.0
+        for pid, cpu in used.items():
+            ancestor = pid
+            while ancestor > 1 and ancestor != root:
+                ancestor = parent.get(ancestor, 0)
+            if ancestor == root:
+                total += cpu
+        totals[root] = round(total, 3)
+    return totals
 
 
 def machine_line(began: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ import common
 from parkway.actors.launch import processes as launch
 from parkway.actors.runtime.client import Client
 from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope
-from parkway.brokers.rabbitmq import RabbitBroker
+from parkway.brokers.rabbitmq import RabbitBroker, run_exchanges, run_queues
 from parkway.protocol.messages import Probe, Status
 
 SECRET = "bench-secret"
@@ -119,9 +119,9 @@ async def _delete(url: str, run: str, addresses: list[str]) -> None:
 
     async with await aio_pika.connect(url) as connection:
         channel = await connection.channel()
-        for name in [*(f"pk.{run}.q.{a}" for a in addresses), f"pk.{run}.dead", f"pk.{run}.logs"]:
+        for name in run_queues(run, addresses):
             await channel.queue_delete(name)
-        for name in (f"pk.{run}", f"pk.{run}.dlx", f"pk.{run}.logs"):
+        for name in run_exchanges(run):
             await channel.exchange_delete(name)
 
 

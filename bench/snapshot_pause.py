@@ -1,19 +1,40 @@
-"""What a snapshot costs: the admission-closed window and each save step against rollouts in flight.
+"""What a snapshot costs: the admission-closed window and each save step, per named variant of the
+workload (rollouts in flight, tool time, turns per rollout), in interleaved rounds, with the issue's
+bounds checked on the medians.
 
-    python bench/snapshot_pause.py [--in-flight 16 64 256 1024] [--modes embedded rabbitmq]
-                                   [--delay 0.05] [--tool-delay 0.1] [--snapshots 8] [--quick]
+    python bench/snapshot_pause.py [--variants n16 n256 n1024 n256-tools5s n256-turns5 n256-turns50]
+                                   [--rounds 3] [--modes rabbitmq] [--delay 0.05] [--tool-delay 0.1]
+                                   [--turns 12] [--snapshots 8] [--every 2] [--progress 0.5] [--quick]
 
-Each point starts a cluster with ``--in-flight`` rollouts running (the default engine answering at
-``--delay`` seconds per token, about 4.5 s a model call; every tool call taking ``--tool-delay``), lets
-it run ``--warmup`` seconds, takes ``--snapshots`` snapshots ``--every`` seconds apart, and stops it.
-Per snapshot the controller records the window, every step, the rollouts it saved, the bytes it wrote
-and how long agents waited for their rollouts to reach a boundary: prepare waits for tool calls in
-flight (docs/protocol.md#boundaries: tools are waited for), so that part of the pause is the tools' own time, not the
-framework's. The table shows both: the pause, and the pause without that wait.
+A variant is named by what it changes: ``n256`` is 256 rollouts in flight with the default tools
+(``--tool-delay``) and turns (``--turns``); ``-tools5s`` (or ``-tools250ms``) sets every tool call's
+time, ``-turns50`` every rollout's turns; any such name may be given to ``--variants``. The default set
+is what the issue's figures need: 16, 256 and 1024 in flight, and at 256 tools of 5 s, and rollouts of
+5 and of 50 turns.
 
-Modes: ``embedded`` (one process, in-memory broker) and ``rabbitmq`` (every actor its own process on
-the local RabbitMQ, the controller in this one). Writes ``bench/results/snapshot_pause.json`` and
-``.png``. Not a test: nothing here asserts on time.
+Each round runs every variant once, in an order rotated from round to round (a slow drift of this
+shared machine falls on all of them alike), each on a fresh cluster: in mode ``rabbitmq`` every actor
+its own process on the local RabbitMQ with the controller in this one (``embedded``: one process, the
+in-memory broker). The data plane is busy: the default engine answers at ``--delay`` seconds per token
+(a model call of about 90 tokens, ~4.5 s), with the variant's rollouts in flight, every rollout
+running exactly its turns (the tasks set none of their own; the tool agent calls a tool every turn
+and the engine answers only on the last). The cluster runs until the rollouts have made, on average,
+``--progress`` of their turns (0.5: a long run's rollouts, at every turn, hold half of theirs on
+average; at least ``--warmup`` seconds), so a 50-turn variant is snapshotted with 25 turns of history
+per rollout, not 3; then ``--snapshots`` snapshots, ``--every`` seconds apart. Before each snapshot
+the resources say how many tool calls they are running (prepare waits for those: "Boundaries" in
+docs/protocol.md), so a variant's tools are seen to be in flight when its snapshots begin.
+
+Per snapshot the controller records the window (``pause_ms``), its save steps (``steps_ms``: whatever
+steps the save sequence has, reported as they come), the rollouts saved, the bytes written and how
+long agents waited for their rollouts to reach a boundary. Per variant the report gives the median over
+rounds of each round's p50 and p95 window and of each step's p50, and the 1-minute load before and
+after every point. Then the issue's figures, each from the rounds' p95s both as the median of the
+per-round ratios and as the ratio of the medians, against its bound (p95 <= 50 ms; ratios <= 1.5).
+
+The defaults take about 25 minutes on this 2-core machine (the 50-turn variant's two minutes of warm-up
+three times over is the longest part); ``--quick`` about one. Writes ``bench/results/snapshot_pause.json``
+and ``.png``. Not a test: nothing here asserts on time.
 """
 
 from __future__ import annotations
@@ -26,196 +47,533 @@ _sys.path.insert(0, str(_Path(__file__).resolve().parent))  # bench/ is scripts,
 import argparse
 import asyncio
 import math
+import re
+import shutil
 import statistics
+import tempfile
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import cluster
 import common
 from parkway.actors.roles.controller.metrics import percentiles
 
-STEPS = ("prepare", "commit", "capture", "validate", "publish", "resume")
-
-
 GROUP_SIZE = 8
+DEFAULT_VARIANTS = (
+    "n16",
+    "n256",
+    "n1024",
+    "n256-tools5s",
+    "n256-turns5",
+    "n256-turns50",
+    "n16-rate256",
+    "n1024-rate256",
+)
+QUICK_VARIANTS = ("n16", "n256")
+WARMUP_LIMIT_S = 600.0  # a variant whose rollouts never reach --progress starts its snapshots anyway
+_VARIANT = re.compile(
+    r"n(?P<in_flight>\d+)(?:-tools(?P<tools>\d+(?:\.\d+)?)(?P<unit>ms|s))?(?:-turns(?P<turns>\d+))?"
+    r"(?:-rate(?P<rate>\d+))?"
+)
 
 
-def workload(in_flight: int, args: argparse.Namespace) -> dict[str, Any]:
-    # Twice the rollouts that run at once (finished ones are replaced, so in flight stays at the
-    # target), or ``--prompts`` prompts: the dataset behind them, which must not matter.
-    prompts = max(args.prompts, math.ceil(2 * in_flight / GROUP_SIZE))
+@dataclass(frozen=True)
+class Variant:
+    """One workload the snapshots are taken under, named by what it changes."""
+
+    name: str
+    in_flight: int
+    tool_delay_s: float
+    turns: int
+    # The model calls come as fast as they would with this many rollouts in flight (the engine's time
+    # per token scaled by in flight / rate), so the data plane does the same work whatever the variant
+    # holds in flight; None: as fast as the engine's time per token gives.
+    rate: int | None = None
+
+    def per_token_delay_s(self, delay_s: float) -> float:
+        return delay_s if self.rate is None else delay_s * self.in_flight / self.rate
+
+
+def parse_variant(name: str, *, tool_delay_s: float, turns: int) -> Variant:
+    """``n<in flight>[-tools<T>s|-tools<T>ms][-turns<K>][-rate<R>]``; what the name leaves out is the
+    default."""
+    match = _VARIANT.fullmatch(name)
+    if (
+        match is None
+        or int(match["in_flight"]) < 1
+        or (match["turns"] and int(match["turns"]) < 1)
+        or (match["rate"] and int(match["rate"]) < 1)
+    ):
+        raise ValueError(
+            f"variant {name!r}: n<in flight>[-tools<T>s|-tools<T>ms][-turns<K>][-rate<R>], e.g. n256-tools5s"
+        )
+    if match["tools"] is not None:
+        tool_delay_s = float(match["tools"]) / (1000 if match["unit"] == "ms" else 1)
+    return Variant(
+        name=name,
+        in_flight=int(match["in_flight"]),
+        tool_delay_s=tool_delay_s,
+        turns=int(match["turns"]) if match["turns"] else turns,
+        rate=int(match["rate"]) if match["rate"] else None,
+    )
+
+
+def round_order(variants: Sequence[Variant], round_index: int) -> list[Variant]:
+    """Every variant once, the order rotated by one from round to round."""
+    shift = round_index % len(variants)
+    return [*variants[shift:], *variants[:shift]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One of the issue's figures: a variant's p95, or its p95 over another's, against a bound."""
+
+    figure: str
+    variant: str
+    over: str | None  # None: the variant's own p95 (ms) is the figure
+    bound: float
+
+
+CHECKS = (
+    Check("pause p95 at 256 in flight, 100 ms tools (ms)", "n256", None, 50.0),
+    Check("p95 at 1024 in flight / p95 at 16", "n1024", "n16", 1.5),
+    # The same with the data plane's work held equal (its model calls at 256's rate): what grows with
+    # the rollouts a snapshot holds, apart from what grows with the work of the machine's processes.
+    Check("p95 at 1024 / at 16, model calls at one rate", "n1024-rate256", "n16-rate256", 1.5),
+    Check("p95 with 5 s tools / with 100 ms tools, at 256", "n256-tools5s", "n256", 1.5),
+    Check("p95 with 50-turn rollouts / with 5-turn ones, at 256", "n256-turns50", "n256-turns5", 1.5),
+)
+
+
+# -- one point: a variant, a mode, a round ----------------------------------------------------------------
+
+
+def workload(variant: Variant, args: argparse.Namespace) -> dict[str, Any]:
+    # Four times the rollouts that run at once (finished ones are replaced, so in flight stays at the
+    # target, and the dataset never runs out during a point), or ``--prompts`` prompts: the dataset
+    # behind them, which must not matter.
+    prompts = max(args.prompts, math.ceil(4 * variant.in_flight / GROUP_SIZE))
     return {
         "run": f"pause{uuid.uuid4().hex[:6]}",
         "seed": 7,
-        "rollout": {"group_size": GROUP_SIZE, "max_turns": args.turns, "max_in_flight": in_flight},
-        "tasks": {"path": str(cluster.tasks_file(prompts))},
-        "policy": {"host": "inline", "per_token_delay_s": args.delay},
-        "resources": {"tool_delay_s": args.tool_delay},
+        "rollout": {"group_size": GROUP_SIZE, "max_turns": variant.turns, "max_in_flight": variant.in_flight},
+        "tasks": {"path": str(cluster.tasks_file(prompts))},  # no turns of their own: max_turns each
+        "policy": {"host": "inline", "per_token_delay_s": variant.per_token_delay_s(args.delay)},
+        "resources": {"tool_delay_s": variant.tool_delay_s},
         "snapshot_interval_s": 3600.0,  # the benchmark takes them, on its own clock
     }
 
 
-async def measure(in_flight: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    async with cluster.started(workload(in_flight, args), mode) as c:
+async def measure(variant: Variant, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    state = _Path(tempfile.mkdtemp(prefix="parkway-bench-"))
+    try:
+        return await measure_in(state, variant, mode, args)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)  # a 50-turn point's snapshots are tens of MB
+
+
+async def measure_in(state: _Path, variant: Variant, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    began = time.monotonic()
+    # Killed at the end: a point's cluster is thrown away, and a graceful stop costs ~10 s a point.
+    async with cluster.started(workload(variant, args), mode, state=state, kill_at_end=True) as c:
         run = asyncio.ensure_future(c.run())
-        started = time.monotonic()
-        while c.controller.snapshots is None or len(c.controller.ledger.dispatched()) < in_flight:
-            if run.done():
-                run.result()
-            if time.monotonic() - started > 120:
-                raise TimeoutError(f"{in_flight} rollouts not dispatched within 120 s")
+        while c.controller.snapshots is None or len(c.controller.ledger.dispatched()) < variant.in_flight:
+            alive(run)
+            if time.monotonic() - began > 120:
+                raise TimeoutError(f"{variant.in_flight} rollouts not dispatched within 120 s")
             await asyncio.sleep(0.1)
-        await asyncio.sleep(args.warmup)
+        dispatched = time.monotonic()
+        turns_done = await warm_up(c, run, variant, args)
+        warmed = time.monotonic()
+        tools_running: list[int] = []
         for _ in range(args.snapshots):
+            alive(run)
+            tools_running.append(await tool_calls_running(c))
             await c.controller.take_snapshot()
             await asyncio.sleep(args.every)
+        alive(run)
+        snapshotted = time.monotonic()
         await cluster.cancel(run)
-        records = list(c.controller.snapshots.metrics.records)
-        failed = c.controller.snapshots.metrics.failed
-    return summarize(in_flight, mode, records, failed)
+        metrics = c.controller.snapshots.metrics
+        records, failed = list(metrics.records), metrics.failed
+    point = summarize(records, failed)
+    ended = time.monotonic()
+    point.update(
+        variant=variant.name,
+        mode=mode,
+        turns_done_at_first_snapshot=round(turns_done, 2),
+        tool_calls_running=tools_running,
+        seconds=round(ended - began, 1),
+        # Where a point's time goes: starting the cluster and dispatching, the warm-up, the snapshots,
+        # stopping it.
+        phases_s={
+            "start": round(dispatched - began, 1),
+            "warmup": round(warmed - dispatched, 1),
+            "snapshots": round(snapshotted - warmed, 1),
+            "stop": round(ended - snapshotted, 1),
+        },
+    )
+    return point
 
 
-def summarize(in_flight: int, mode: str, records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
+def alive(run: asyncio.Future[Any]) -> None:
+    """The workload still runs (a snapshot of a finished run would measure an idle cluster)."""
+    if run.done():
+        run.result()  # its error, if it failed
+        raise RuntimeError("the workload ended during the point: give it more prompts (--prompts)")
+
+
+async def warm_up(
+    c: cluster.Cluster, run: asyncio.Future[Any], variant: Variant, args: argparse.Namespace
+) -> float:
+    """Run until the rollouts have made ``--progress`` of their turns on average (and ``--warmup``
+    seconds have passed); the average turns made. Until the first of them ends every model call is one
+    of the rollouts in flight, so the policy's model calls over the rollouts are their turns so far."""
+    started = time.monotonic()
+    target = args.progress * variant.turns
+    while True:
+        alive(run)
+        turns_done = (await c.counts("policy/0")).get("model_calls", 0) / variant.in_flight
+        waited = time.monotonic() - started
+        if waited >= args.warmup and turns_done >= target:
+            return turns_done
+        if waited > WARMUP_LIMIT_S:
+            print(
+                f"  {variant.name}: {turns_done:.1f} turns made of {target:.1f} after {waited:.0f} s",
+                file=_sys.stderr,
+            )
+            return turns_done
+        await asyncio.sleep(0.5)
+
+
+async def tool_calls_running(c: cluster.Cluster) -> int:
+    """The tool calls the resources are running now (a call counts while its handler runs)."""
+    replicas = c.config.topology.resources
+    return sum([(await c.status(f"resources/{i}")).in_flight for i in range(replicas)])
+
+
+def summarize(records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
+    """One point's figures from the controller's records (steps: whatever the records name)."""
     pause = [r["pause_ms"] for r in records]
-    own = [max(0.0, r["pause_ms"] - r["park_wait_ms"]) for r in records]
+    waits = [r["park_wait_ms"] for r in records if "park_wait_ms" in r]
     return {
-        "mode": mode,
-        "in_flight": in_flight,
         "snapshots": len(records),
         "failed": failed,
-        "rollouts_saved_p50": statistics.median([r["rollouts"] for r in records]) if records else 0,
+        "rollouts_saved_p50": statistics.median([r.get("rollouts", 0) for r in records]) if records else 0,
         "pause_ms": percentiles(pause),
-        "pause_without_park_wait_ms": percentiles(own),
-        "park_wait_ms": percentiles([r["park_wait_ms"] for r in records]),
+        "park_wait_ms": percentiles(waits) if waits else None,
+        "pause_without_park_wait_ms": percentiles(
+            [max(0.0, r["pause_ms"] - r["park_wait_ms"]) for r in records]
+        )
+        if waits and len(waits) == len(records)
+        else None,
         "steps_ms_p50": {
-            step: round(statistics.median(r["steps_ms"].get(step, 0.0) for r in records), 3)
-            for step in (records[0]["steps_ms"] if records else ())
+            step: round(statistics.median(r["steps_ms"][step] for r in records if step in r["steps_ms"]), 3)
+            for step in steps_seen(records)
         },
-        "bytes_p50": int(statistics.median(r["bytes"] for r in records)) if records else 0,
+        "bytes_p50": int(statistics.median(r.get("bytes", 0) for r in records)) if records else 0,
         "records": records,
     }
 
 
+def steps_seen(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Every step any record names: the first record's in its order, then the others' as they come."""
+    seen: dict[str, None] = {}
+    for record in records:
+        seen.update(dict.fromkeys(record.get("steps_ms", {})))
+    return list(seen)
+
+
+# -- over the rounds ------------------------------------------------------------------------------------
+
+
+def aggregate(
+    points: list[dict[str, Any]], variants: Sequence[Variant], modes: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Per variant and mode: the medians over rounds of each round's p50, p95 and step p50s."""
+    rows = []
+    steps = steps_seen([{"steps_ms": p["steps_ms_p50"]} for p in points])
+    for variant in variants:
+        for mode in modes:
+            mine = sorted(
+                (p for p in points if p["variant"] == variant.name and p["mode"] == mode),
+                key=lambda p: p["round"],
+            )
+            if not mine:
+                continue
+            running = [n for p in mine for n in p["tool_calls_running"]]
+            without = [
+                p["pause_without_park_wait_ms"]["p50"] for p in mine if p["pause_without_park_wait_ms"]
+            ]
+            rows.append(
+                {
+                    **asdict(variant),
+                    "variant": variant.name,
+                    "mode": mode,
+                    "rounds": len(mine),
+                    "snapshots": sum(p["snapshots"] for p in mine),
+                    "failed": sum(p["failed"] for p in mine),
+                    "pause_p50_ms": round(statistics.median(p["pause_ms"]["p50"] for p in mine), 3),
+                    "pause_p95_ms": round(statistics.median(p["pause_ms"]["p95"] for p in mine), 3),
+                    "pause_p95_ms_by_round": {p["round"]: p["pause_ms"]["p95"] for p in mine},
+                    "park_wait_p50_ms": median_or_none(
+                        [p["park_wait_ms"]["p50"] for p in mine if p["park_wait_ms"]]
+                    ),
+                    "without_park_wait_p50_ms": median_or_none(without),
+                    "steps_ms_p50": {
+                        step: median_or_none(
+                            [p["steps_ms_p50"][step] for p in mine if step in p["steps_ms_p50"]]
+                        )
+                        for step in steps
+                    },
+                    "tool_calls_running": {"min": min(running, default=0), "p50": median_or_none(running)},
+                    "turns_done_at_first_snapshot": median_or_none(
+                        [p["turns_done_at_first_snapshot"] for p in mine]
+                    ),
+                    "bytes_p50": int(statistics.median(p["bytes_p50"] for p in mine)),
+                    "load_1m": [p["load_1m"] for p in mine],
+                    "seconds_per_point": round(statistics.median(p["seconds"] for p in mine), 1),
+                }
+            )
+    return rows
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's figures from the per-round p95s, each mode on its own; those whose variants did not
+    run are left out."""
+    found = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        by_name = {r["variant"]: r for r in rows if r["mode"] == mode}
+        for check in CHECKS:
+            if check.variant not in by_name or (check.over is not None and check.over not in by_name):
+                continue
+            p95 = by_name[check.variant]["pause_p95_ms_by_round"]
+            if check.over is None:
+                per_round = dict(p95)
+                of_medians = by_name[check.variant]["pause_p95_ms"]
+            else:
+                base = by_name[check.over]["pause_p95_ms_by_round"]
+                per_round = {r: p95[r] / base[r] for r in p95 if r in base and base[r] > 0}
+                of_medians = by_name[check.variant]["pause_p95_ms"] / max(
+                    1e-9, by_name[check.over]["pause_p95_ms"]
+                )
+            median = statistics.median(per_round.values()) if per_round else math.nan
+            found.append(
+                {
+                    "figure": check.figure,
+                    "mode": mode,
+                    "variant": check.variant,
+                    "over": check.over,
+                    "bound": check.bound,
+                    "by_round": {r: round(v, 3) for r, v in per_round.items()},
+                    "median_of_rounds": round(median, 3),
+                    "of_medians": round(of_medians, 3),
+                    "within": {
+                        "median_of_rounds": median <= check.bound,
+                        "of_medians": of_medians <= check.bound,
+                    },
+                }
+            )
+    return found
+
+
+# -- what it prints and draws -------------------------------------------------------------------------------
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
+    steps = steps_seen([{"steps_ms": r["steps_ms_p50"]} for r in rows])
     headers = [
+        "variant",
         "mode",
         "in flight",
-        "snaps",
+        "tools s",
+        "turns",
+        "turns made",
         "pause p50",
         "p95",
-        "max",
+        "p95 per round",
         "park wait p50",
-        "own p50",
-        "p95",
+        "without p50",
+        "tool calls running min / p50",
         "MB",
+        "load 1m before > after",
+        *steps,
     ]
-    body = []
-    for r in rows:
-        p, o, w = r["pause_ms"], r["pause_without_park_wait_ms"], r["park_wait_ms"]
-        body.append(
-            [
-                r["mode"],
-                r["in_flight"],
-                r["snapshots"],
-                f"{p['p50']:.1f}",
-                f"{p['p95']:.1f}",
-                f"{p['max']:.1f}",
-            ]
-            + [f"{w['p50']:.1f}", f"{o['p50']:.1f}", f"{o['p95']:.1f}", f"{r['bytes_p50'] / 1e6:.2f}"]
-            + [f"{r['steps_ms_p50'].get(s, 0):.1f}" for s in STEPS]
-        )
-    return common.markdown_table(headers + list(STEPS), body)
+    body = [
+        [
+            r["variant"],
+            r["mode"],
+            r["in_flight"],
+            f"{r['tool_delay_s']:g}",
+            r["turns"],
+            ms(r["turns_done_at_first_snapshot"]),
+            ms(r["pause_p50_ms"]),
+            ms(r["pause_p95_ms"]),
+            " ".join(f"{v:.0f}" for v in r["pause_p95_ms_by_round"].values()),
+            ms(r["park_wait_p50_ms"]),
+            ms(r["without_park_wait_p50_ms"]),
+            f"{r['tool_calls_running']['min']} / {ms(r['tool_calls_running']['p50'])}",
+            f"{r['bytes_p50'] / 1e6:.2f}",
+            " ".join(f"{a}>{b}" for a, b in r["load_1m"]),
+            *(ms(r["steps_ms_p50"].get(s)) for s in steps),
+        ]
+        for r in rows
+    ]
+    return common.markdown_table(headers, body, "ll" + "r" * 6 + "l" + "r" * 4 + "l" + "r" * len(steps))
+
+
+def checks_table(found: list[dict[str, Any]]) -> str:
+    def verdict(ok: bool) -> str:
+        return "yes" if ok else "NO"
+
+    headers = ["figure", "mode", "per round", "median of rounds", "within", "of medians", "within", "bound"]
+    body = [
+        [
+            c["figure"],
+            c["mode"],
+            " ".join(f"{v:.2f}" for v in c["by_round"].values()),
+            f"{c['median_of_rounds']:.2f}",
+            verdict(c["within"]["median_of_rounds"]),
+            f"{c['of_medians']:.2f}",
+            verdict(c["within"]["of_medians"]),
+            f"<= {c['bound']:g}",
+        ]
+        for c in found
+    ]
+    return common.markdown_table(headers, body, "lll" + "rlrlr")
 
 
 def plot(rows: list[dict[str, Any]], path: _Path, title: str) -> None:
     plt = common.pyplot()
     modes = list(dict.fromkeys(r["mode"] for r in rows))
-    fig, axes = plt.subplots(1, 1 + len(modes), figsize=(6 + 5 * len(modes), 4.8))
+    fig, axes = plt.subplots(1, 1 + len(modes), figsize=(7 + 6 * len(modes), 4.8))
     ax = axes[0]
+    width = 0.8 / max(1, len(modes))
+    names = list(dict.fromkeys(r["variant"] for r in rows))
     colors = {"embedded": "tab:blue", "rabbitmq": "tab:red"}
-    for mode in modes:
-        mine = [r for r in rows if r["mode"] == mode]
-        xs = [r["in_flight"] for r in mine]
+    for m, mode in enumerate(modes):
+        mine = {r["variant"]: r for r in rows if r["mode"] == mode}
+        xs = [i + (m - (len(modes) - 1) / 2) * width for i, n in enumerate(names) if n in mine]
+        shown = [mine[n] for n in names if n in mine]
         color = colors.get(mode, "tab:gray")
-        ax.plot(xs, [r["pause_ms"]["p50"] for r in mine], "o-", color=color, label=f"{mode}: pause p50")
-        ax.plot(xs, [r["pause_ms"]["p95"] for r in mine], "^--", color=color, label=f"{mode}: pause p95")
-        ax.plot(
+        ax.bar(
             xs,
-            [r["pause_without_park_wait_ms"]["p50"] for r in mine],
-            "s:",
+            [r["pause_p95_ms"] for r in shown],
+            width,
             color=color,
             alpha=0.6,
-            label=f"{mode}: without the wait for tool calls, p50",
+            label=f"{mode}: p95, median of rounds",
         )
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r["in_flight"] for r in rows}))
-    ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("rollouts in flight")
+        ax.plot(xs, [r["pause_p50_ms"] for r in shown], "k_", ms=14, mew=2)
+        for x, r in zip(xs, shown, strict=True):
+            rounds = list(r["pause_p95_ms_by_round"].values())
+            ax.plot([x] * len(rounds), rounds, ".", color="k", alpha=0.6)
+    ax.plot([], [], "k_", label="p50, median of rounds")
+    ax.plot([], [], "k.", label="p95 of one round")
+    ax.axhline(50, color="green", lw=0.8, ls="--", label="50 ms (the bound at n256)")
+    ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+    ax.set_yscale("log")
     ax.set_ylabel("admission-closed window (ms)")
-    ax.set_title("Snapshot pause")
-    ax.grid(True, alpha=0.3)
-    ax.set_ylim(0, max(r["pause_ms"]["p95"] for r in rows) * 1.5)
+    ax.set_title("Snapshot pause per variant")
+    ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
+    steps = steps_seen([{"steps_ms": r["steps_ms_p50"]} for r in rows])
+    palette = plt.get_cmap("tab20")
     for ax, mode in zip(axes[1:], modes, strict=True):
         mine = [r for r in rows if r["mode"] == mode]
-        labels = [str(r["in_flight"]) for r in mine]
-        bottom = [0.0] * len(mine)
-        for step in (*STEPS, "other"):
-            if step == "other":
-                values = [
-                    max(0.0, r["pause_ms"]["p50"] - sum(r["steps_ms_p50"].get(s, 0) for s in STEPS))
-                    for r in mine
-                ]
-            else:
-                values = [r["steps_ms_p50"].get(step, 0.0) for r in mine]
-            ax.bar(labels, values, bottom=bottom, label=step)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        wait = [r["park_wait_ms"]["p50"] for r in mine]
-        ax.plot(labels, wait, "k_", markersize=28, mew=2, label="prepare's wait for tool calls")
-        twin = ax.twinx()
-        twin.plot(labels, [r["bytes_p50"] / 1e6 for r in mine], "kD-", label="MB written")
-        twin.set_ylabel("MB written per snapshot (p50)")
-        ax.set_xlabel("rollouts in flight")
-        ax.set_ylabel("median step duration (ms)")
-        ax.set_title(f"{mode}: the window by step (p50)")
-        ax.set_ylim(0, max(bottom) * 1.6)
-        twin.set_ylim(0, max(r["bytes_p50"] for r in mine) / 1e6 * 1.6)
-        handles, names = ax.get_legend_handles_labels()
-        more, more_names = twin.get_legend_handles_labels()
-        ax.legend(handles + more, names + more_names, fontsize=7, loc="upper left", ncol=2)
+        labels = [r["variant"] for r in mine]
+        # One line per step, not a stack: a log scale shows the small steps beside a 5 s one, and a stack
+        # on a log scale would misdraw the shares.
+        for k, step in enumerate(steps):
+            values = [r["steps_ms_p50"].get(step) for r in mine]
+            ax.plot(
+                labels, [v if v else float("nan") for v in values], "o-", color=palette(k % 20), label=step
+            )
+        ax.plot(labels, [r["pause_p50_ms"] for r in mine], "kD--", label="pause p50")
+        ax.set_yscale("log")
+        ax.set_ylabel("step duration, p50 (ms)")
+        ax.set_title(f"{mode}: each save step's p50, median of rounds")
+        ax.tick_params(axis="x", rotation=20, labelsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", ncol=3)
     common.save_figure(fig, path, title)
 
 
 def main() -> None:
     parser = common.parser(__doc__)
-    parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 64, 256, 1024])
-    common.add_modes(parser)
-    common.add_engine(parser, delay=0.05, tool_delay=0.1)
-    parser.add_argument("--turns", type=int, default=12, help="turns per rollout")
     parser.add_argument(
-        "--prompts", type=int, default=0, help="prompts in the dataset (0: 2 x in flight / 8)"
+        "--variants", nargs="+", default=list(DEFAULT_VARIANTS), help="e.g. n256 n256-tools5s"
     )
-    parser.add_argument("--warmup", type=float, default=8.0, help="seconds of running before the first")
+    parser.add_argument("--rounds", type=int, default=3, help="every variant once per round")
+    common.add_modes(parser, default=["rabbitmq"])
+    common.add_engine(parser, delay=0.05, tool_delay=0.1)
+    parser.add_argument("--turns", type=int, default=12, help="turns per rollout, unless a variant says")
+    parser.add_argument(
+        "--prompts", type=int, default=0, help="prompts in the dataset (0: 4 x in flight / 8)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=8.0, help="seconds of running before the first, at least"
+    )
+    parser.add_argument(
+        "--progress", type=float, default=0.5, help="share of their turns the rollouts have made at the first"
+    )
     parser.add_argument("--snapshots", type=int, default=8, help="snapshots per point")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between snapshots")
-    common.add_quick(parser, "16 and 256 in flight, 4 snapshots each")
+    common.add_quick(parser, "1 round of n16 and n256, 4 snapshots 1 s apart from a quarter of the turns")
     common.add_name(parser, "snapshot_pause")
     args = parser.parse_args()
     if args.quick:
-        args.in_flight, args.snapshots, args.warmup = [16, 256], 4, 4.0
+        args.rounds, args.variants, args.snapshots, args.every, args.progress = (
+            1,
+            list(QUICK_VARIANTS),
+            4,
+            1.0,
+            0.25,
+        )
+    variants = [parse_variant(v, tool_delay_s=args.tool_delay, turns=args.turns) for v in args.variants]
     began = common.machine()
-    rows = []
-    for n in args.in_flight:
-        for mode in args.modes:
-            rows.append(asyncio.run(measure(n, mode, args)))
-            print(f"  {mode} {n}: pause p50 {rows[-1]['pause_ms']['p50']} ms", file=_sys.stderr)
+    started = time.monotonic()
+    points = []
+    for round_index in range(args.rounds):
+        for variant in round_order(variants, round_index):
+            for mode in args.modes:
+                before = common.load_1m()
+                point = asyncio.run(measure(variant, mode, args))
+                point.update(round=round_index, load_1m=[before, common.load_1m()])
+                points.append(point)
+                print(
+                    f"  round {round_index} {variant.name} {mode}: pause p50 {point['pause_ms']['p50']:.0f} "
+                    f"p95 {point['pause_ms']['p95']:.0f} ms, tool calls running {point['tool_calls_running']}, "
+                    f"{point['seconds']:.0f} s {point['phases_s']}, load {point['load_1m'][0]} > {point['load_1m'][1]}",
+                    file=_sys.stderr,
+                )
+    rows = aggregate(points, variants, args.modes)
+    found = checks(rows)
+    minutes = (time.monotonic() - started) / 60
     print(table(rows))
-    common.write_record(args.name, "snapshot_pause", began, args, rows)
+    print()
+    print(checks_table(found))
+    print(
+        f"{len(points)} points in {minutes:.1f} min; load (1 min) {points[0]['load_1m'][0]} to {points[-1]['load_1m'][1]}"
+    )
+    common.write_record(
+        args.name, "snapshot_pause", began, args, rows, checks=found, minutes=round(minutes, 1), points=points
+    )
     plot(
         rows,
         common.figure_path(args.name),
-        f"{args.delay * 1000:.0f} ms/token, tools {args.tool_delay * 1000:.0f} ms, {common.machine_line(began)}",
+        f"{args.delay * 1000:.0f} ms/token, {args.rounds} rounds, {common.machine_line(began)}",
     )
 
 

@@ -4,6 +4,11 @@ Semantics (checked by ``tests/brokers/test_contract.py`` against both brokers):
 
 - Addresses (``role/replica`` or any name) map to durable queues inside one run's namespace; two runs
   on one broker never see each other's messages.
+- Each address has two lanes (``Lane``), each its own queue: ``DATA`` (the rollouts' messages) and
+  ``CONTROL`` (the controller's commands), so that a command never waits behind the data queued before
+  it. ``declare`` makes both; ``publish``, ``request`` and ``consume`` name one (``DATA`` unless told).
+  Everything below holds for each lane on its own: its own FIFO order, prefetch, pause and redelivery;
+  nothing orders one lane's messages against the other's.
 - ``publish`` returns once the broker confirmed the message; an address nobody declared raises
   ``Unroutable`` instead of dropping the message silently.
 - ``request`` publishes with a reply address and waits for the one reply carrying the request's id,
@@ -32,6 +37,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 import anyio
@@ -46,6 +52,13 @@ ERROR_CODE_HEADER = "x-parkway-error-code"
 ERROR_DETAIL_HEADER = "x-parkway-error-detail"
 ORIGIN_HEADER = "x-parkway-origin"
 CHECKPOINT_HEADER = "x-parkway-checkpoint-id"
+
+
+class Lane(StrEnum):
+    """Which of an address's two queues a message travels on."""
+
+    DATA = "data"  # rollouts' messages: runs, model and tool calls, rows, receipts
+    CONTROL = "control"  # control commands, so that a Prepare never waits behind model calls
 
 
 class BrokerError(Exception):
@@ -120,10 +133,13 @@ class DeadLetter:
 class Delivery(ABC):
     """One received message. Exactly one of ack / nack / dead_letter settles it."""
 
-    def __init__(self, envelope: Envelope, *, address: str, redelivered: bool) -> None:
+    def __init__(
+        self, envelope: Envelope, *, address: str, redelivered: bool, lane: Lane = Lane.DATA
+    ) -> None:
         self.envelope = envelope
         self.address = address
         self.redelivered = redelivered
+        self.lane = lane
         self.settled = False
 
     async def ack(self) -> None:
@@ -209,6 +225,38 @@ class Consumer:
         """Transport hook: stop the flow and make unsettled deliveries redeliverable."""
 
 
+class LaneConsumers:
+    """Every lane of one address consumed by one handler (what an actor runs): paused, drained and
+    cancelled together, each lane's consumer with its own prefetch and its own queue order."""
+
+    def __init__(self, consumers: Mapping[Lane, Consumer]) -> None:
+        self.consumers = dict(consumers)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(consumer.in_flight for consumer in self.consumers.values())
+
+    @property
+    def held(self) -> int:
+        return sum(consumer.held for consumer in self.consumers.values())
+
+    def pause(self) -> None:
+        for consumer in self.consumers.values():
+            consumer.pause()
+
+    def resume(self) -> None:
+        for consumer in self.consumers.values():
+            consumer.resume()
+
+    async def drain(self) -> None:
+        """Wait for the handlers already running on every lane (a paused group starts no more)."""
+        await asyncio.gather(*(consumer.drain() for consumer in self.consumers.values()))
+
+    async def cancel(self) -> None:
+        for consumer in self.consumers.values():
+            await consumer.cancel()
+
+
 class Broker(ABC):
     """One process's connection to one run's namespace on a broker."""
 
@@ -245,22 +293,35 @@ class Broker(ABC):
 
     @abstractmethod
     async def declare(self, address: str) -> None:
-        """Make sure the queue for ``address`` exists (durable, dead-lettering to the run's DLQ)."""
+        """Make sure both lanes' queues for ``address`` exist (durable, dead-lettering to the run's DLQ)."""
 
     @abstractmethod
-    async def publish(self, address: str, envelope: Envelope) -> None: ...
+    async def publish(self, address: str, envelope: Envelope, *, lane: Lane = Lane.DATA) -> None: ...
 
-    async def request(self, address: str, envelope: Envelope, *, deadline: float) -> Envelope:
-        """Publish ``envelope`` and return the reply to it, or raise ``RequestTimeout`` at ``deadline``."""
+    async def request(
+        self, address: str, envelope: Envelope, *, deadline: float, lane: Lane = Lane.DATA
+    ) -> Envelope:
+        """Publish ``envelope`` on ``lane`` and return the reply to it, or raise ``RequestTimeout`` at
+        ``deadline``."""
+        sent = await self.send_request(address, envelope, deadline=deadline, lane=lane)
+        return await sent.reply()
+
+    async def send_request(
+        self, address: str, envelope: Envelope, *, deadline: float, lane: Lane = Lane.DATA
+    ) -> SentRequest:
+        """Publish ``envelope`` on ``lane`` as a request and return once the broker has it: its reply is
+        awaited apart (``SentRequest.reply``), so a caller can send several before it waits for any."""
         request_id = f"{self._client_id}#{next(self._request_ids)}"
         future = self._pending.open(request_id)
         headers = {**envelope.headers, REQUEST_ID_HEADER: request_id}
         try:
-            await self.publish(address, replace(envelope, headers=headers, reply_to=self.reply_address))
+            await self.publish(
+                address, replace(envelope, headers=headers, reply_to=self.reply_address), lane=lane
+            )
         except BaseException:
             self._pending.close(request_id)
             raise
-        return await self._pending.wait(request_id, future, deadline=deadline)
+        return SentRequest(self._pending, request_id, future, deadline)
 
     @abstractmethod
     def is_reply_address(self, reply_to: str) -> bool:
@@ -271,7 +332,23 @@ class Broker(ABC):
         """Send a reply; ``BrokerError`` once a bounded number of tries failed on the transport."""
 
     @abstractmethod
-    async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer: ...
+    async def consume(
+        self, address: str, handler: DeliveryHandler, *, prefetch: int = 16, lane: Lane = Lane.DATA
+    ) -> Consumer:
+        """Consume the queue of ``address``'s ``lane``; ``Unroutable`` when it was never declared."""
+
+    async def consume_lanes(
+        self, address: str, handler: DeliveryHandler, *, prefetch: Mapping[Lane, int]
+    ) -> LaneConsumers:
+        """Consume every lane of ``address`` with ``handler``, each lane with its ``prefetch``."""
+        consumers: dict[Lane, Consumer] = {}
+        try:
+            for lane in Lane:
+                consumers[lane] = await self.consume(address, handler, prefetch=prefetch[lane], lane=lane)
+        except BaseException:
+            await LaneConsumers(consumers).cancel()  # all lanes or none: what one took is redelivered
+            raise
+        return LaneConsumers(consumers)
 
     @abstractmethod
     async def dead_letter(self, delivery: Delivery, *, code: str, detail: str) -> bool:
@@ -302,6 +379,19 @@ class Broker(ABC):
 
         ``since`` (Unix time) skips most older lines: a stream seeks by chunk, so a few older ones may
         still come; readers that care compare the lines' own ``ts``."""
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """A request the broker has: ``reply`` waits for its answer until its deadline (``RequestTimeout``)."""
+
+    _pending: PendingReplies
+    request_id: str
+    _future: asyncio.Future[Envelope]
+    deadline: float
+
+    async def reply(self) -> Envelope:
+        return await self._pending.wait(self.request_id, self._future, deadline=self.deadline)
 
 
 class PendingReplies:

@@ -1,7 +1,8 @@
 """An in-memory broker with the same semantics as the RabbitMQ one, for unit tests and ``parkway up``.
 
 ``MemoryHub`` is the broker "server" (queues, the dead-letter queue, the log stream), shared by every
-``MemoryBroker`` connection in the process. A connection that closes, like a process that dies,
+``MemoryBroker`` connection in the process. Each address has a queue per lane, keyed by (run, address,
+lane), as RabbitMQ has two queues. A connection that closes, like a process that dies,
 hands its unsettled deliveries back to their queues, marked redelivered.
 
 Each run's dead-letter queue is bounded like the RabbitMQ one (``reject-publish``): a full queue refuses
@@ -26,6 +27,7 @@ from parkway.brokers.base import (
     Delivery,
     DeliveryHandler,
     Envelope,
+    Lane,
     Unroutable,
     as_dead_letter,
     dead_letter_headers,
@@ -42,11 +44,14 @@ class _Queue:
     turn: int = 0  # round-robin position among consumers
 
 
+QueueKey = tuple[str, str, Lane]  # (run, address, lane): one queue
+
+
 class MemoryHub:
     """The shared state of an in-process broker."""
 
     def __init__(self) -> None:
-        self.queues: dict[tuple[str, str], _Queue] = {}
+        self.queues: dict[QueueKey, _Queue] = {}
         # Each run's dead letters, (time dead-lettered, message), and the bounds its queue was made with.
         self.dead: dict[str, collections.deque[tuple[float, Envelope]]] = collections.defaultdict(
             collections.deque
@@ -77,15 +82,15 @@ class MemoryHub:
                 dead.popleft()
         return dead
 
-    def enqueue(self, run: str, address: str, envelope: Envelope, *, redelivered: bool = False) -> None:
-        queue = self.queues.get((run, address))
+    def enqueue(self, key: QueueKey, envelope: Envelope, *, redelivered: bool = False) -> None:
+        queue = self.queues.get(key)
         if queue is None:
-            raise Unroutable(f"no queue for address {address!r} in run {run!r}")
+            raise Unroutable(unroutable_detail(key))
         queue.messages.append((envelope, redelivered))
         self.pump(queue)
 
-    def requeue_front(self, run: str, address: str, envelopes: list[Envelope]) -> None:
-        queue = self.queues.get((run, address))
+    def requeue_front(self, key: QueueKey, envelopes: list[Envelope]) -> None:
+        queue = self.queues.get(key)
         if queue is None:
             return
         for envelope in reversed(envelopes):
@@ -104,9 +109,14 @@ class MemoryHub:
             consumer.deliver(envelope, redelivered)
 
 
+def unroutable_detail(key: QueueKey) -> str:
+    run, address, lane = key
+    return f"no {lane} queue for address {address!r} in run {run!r}"
+
+
 class _MemoryDelivery(Delivery):
     def __init__(self, consumer: _MemoryConsumer, envelope: Envelope, redelivered: bool) -> None:
-        super().__init__(envelope, address=consumer.address, redelivered=redelivered)
+        super().__init__(envelope, address=consumer.address, redelivered=redelivered, lane=consumer.lane)
         self._consumer = consumer
 
     async def _ack(self) -> None:
@@ -117,9 +127,10 @@ class _MemoryDelivery(Delivery):
 
 
 class _MemoryConsumer(Consumer):
-    def __init__(self, hub: MemoryHub, run: str, address: str, handler: DeliveryHandler, prefetch: int):
+    def __init__(self, hub: MemoryHub, key: QueueKey, handler: DeliveryHandler, prefetch: int):
         super().__init__(handler)
-        self.hub, self.run, self.address, self.prefetch = hub, run, address, prefetch
+        self.hub, self.key, self.prefetch = hub, key, prefetch
+        _, self.address, self.lane = key
         self.unacked: list[_MemoryDelivery] = []
 
     def has_capacity(self) -> bool:
@@ -134,20 +145,20 @@ class _MemoryConsumer(Consumer):
         if delivery in self.unacked:
             self.unacked.remove(delivery)
         if requeue:
-            self.hub.requeue_front(self.run, self.address, [delivery.envelope])
+            self.hub.requeue_front(self.key, [delivery.envelope])
         else:
-            queue = self.hub.queues.get((self.run, self.address))
+            queue = self.hub.queues.get(self.key)
             if queue is not None:
                 self.hub.pump(queue)
 
     async def _close_transport(self) -> None:
-        queue = self.hub.queues.get((self.run, self.address))
+        queue = self.hub.queues.get(self.key)
         if queue is not None and self in queue.consumers:
             queue.consumers.remove(self)
         pending, self.unacked = [d for d in self.unacked if not d.settled], []
         for delivery in pending:
             delivery.settled = True
-        self.hub.requeue_front(self.run, self.address, [d.envelope for d in pending])
+        self.hub.requeue_front(self.key, [d.envelope for d in pending])
 
 
 class MemoryBroker(Broker):
@@ -173,11 +184,12 @@ class MemoryBroker(Broker):
         self._pending.fail_all(ConnectionError("broker connection closed"))
 
     async def declare(self, address: str) -> None:
-        self.hub.queues.setdefault((self.run, address), _Queue())
+        for lane in Lane:
+            self.hub.queues.setdefault((self.run, address, lane), _Queue())
 
-    async def publish(self, address: str, envelope: Envelope) -> None:
+    async def publish(self, address: str, envelope: Envelope, *, lane: Lane = Lane.DATA) -> None:
         await asyncio.sleep(0)  # a publish is a suspension point, as it is over the network
-        self.hub.enqueue(self.run, address, envelope)
+        self.hub.enqueue((self.run, address, lane), envelope)
 
     def is_reply_address(self, reply_to: str) -> bool:
         return reply_to.startswith(REPLY_PREFIX)
@@ -188,11 +200,14 @@ class MemoryBroker(Broker):
         if client is not None:  # like direct reply-to: a reply to a gone client is dropped
             client._pending.deliver(envelope)
 
-    async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer:
-        queue = self.hub.queues.get((self.run, address))
+    async def consume(
+        self, address: str, handler: DeliveryHandler, *, prefetch: int = 16, lane: Lane = Lane.DATA
+    ) -> Consumer:
+        key = (self.run, address, lane)
+        queue = self.hub.queues.get(key)
         if queue is None:
-            raise Unroutable(f"no queue for address {address!r} in run {self.run!r}")
-        consumer = _MemoryConsumer(self.hub, self.run, address, handler, prefetch)
+            raise Unroutable(unroutable_detail(key))
+        consumer = _MemoryConsumer(self.hub, key, handler, prefetch)
         queue.consumers.append(consumer)
         self._consumers.append(consumer)
         self.hub.pump(queue)

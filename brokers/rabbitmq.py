@@ -2,8 +2,13 @@
 
 Per run ``R`` it declares, all durable:
 
-- exchange ``pk.R`` (direct): routes a message to the queue of its address; queues are ``pk.R.q.<address>``
-  and dead-letter (expired or rejected messages) to ``pk.R.dlx``;
+- exchange ``pk.R`` (direct): routes a message of the data lane to its address's queue
+  ``pk.R.q.<address>`` (the routing key is the address);
+- exchange ``pk.R.control`` (direct): the same for the control lane, to ``pk.R.c.<address>``, a queue
+  of its own so that a control command never waits behind the data queued before it. An exchange of
+  its own rather than a marked routing key on ``pk.R``, so that both lanes route by the address as it
+  is. ``declare`` makes both queues of an address; both dead-letter (expired or rejected messages) to
+  ``pk.R.dlx``;
 - exchange ``pk.R.dlx`` (fanout) -> queue ``pk.R.dead``: the run's dead-letter queue, bounded by
   ``x-max-length`` and ``x-message-ttl`` with ``x-overflow: reject-publish``: a full queue nacks the
   publish (confirms are on), so the actor knows the dead letter was dropped and counts it. RabbitMQ
@@ -12,8 +17,9 @@ Per run ``R`` it declares, all durable:
   ``parkway dead-letters purge --recreate`` makes it anew with the configured bounds;
 - exchange ``pk.R.logs`` (fanout) -> stream ``pk.R.logs``: every actor's log lines, readable from the start.
 
-Requests use direct reply-to on one channel; each consumer gets a channel of its own, so cancelling
-one closes its channel and RabbitMQ requeues exactly its unsettled deliveries.
+Requests use direct reply-to on one channel; each consumer (one per lane an actor consumes) gets a
+channel of its own, so cancelling one closes its channel and RabbitMQ requeues exactly its unsettled
+deliveries, and a data consumer whose prefetch is full holds up no control command.
 
 A lost connection (a broker restart) is reopened by aio-pika, consumers included; the direct reply-to
 consumer is not one aio-pika restores, so this broker consumes it again on every reopen of its channel,
@@ -40,7 +46,7 @@ import collections
 import contextlib
 import datetime
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -66,6 +72,7 @@ from parkway.brokers.base import (
     Delivery,
     DeliveryHandler,
     Envelope,
+    Lane,
     UnreachableReplyAddress,
     Unroutable,
     as_dead_letter,
@@ -91,6 +98,36 @@ _TRANSPORT_ERRORS = (
 )
 LOG_STREAM_MAX_BYTES = 256 * 1024 * 1024
 REPLIES_READY_TIMEOUT_S = 30.0  # how long a request waits for a reopened channel's reply consumer
+# The part of a queue's name that says its lane: ``pk.R.q.<address>`` (data, the name it always had)
+# and ``pk.R.c.<address>`` (control).
+LANE_QUEUE_INFIX = {Lane.DATA: "q", Lane.CONTROL: "c"}
+
+
+def run_prefix(run: str) -> str:
+    """What every name of run ``run`` on the broker starts with."""
+    return f"pk.{run}"
+
+
+def queue_name(run: str, address: str, lane: Lane = Lane.DATA) -> str:
+    """The queue of ``address``'s ``lane`` in run ``run``."""
+    return f"{run_prefix(run)}.{LANE_QUEUE_INFIX[lane]}.{address}"
+
+
+def exchange_name(run: str, lane: Lane = Lane.DATA) -> str:
+    """The direct exchange that routes ``lane``'s messages to their address's queue."""
+    return run_prefix(run) if lane is Lane.DATA else f"{run_prefix(run)}.control"
+
+
+def run_queues(run: str, addresses: Iterable[str]) -> list[str]:
+    """Every queue run ``run`` declares for ``addresses``: both lanes of each, the dead letters, the
+    log stream. What a clean-up deletes (a queue is durable: it outlives every process)."""
+    lanes = [queue_name(run, address, lane) for address in addresses for lane in Lane]
+    return [*lanes, f"{run_prefix(run)}.dead", f"{run_prefix(run)}.logs"]
+
+
+def run_exchanges(run: str) -> list[str]:
+    """Every exchange run ``run`` declares: each lane's, the dead letters', the logs'."""
+    return [*(exchange_name(run, lane) for lane in Lane), f"{run_prefix(run)}.dlx", f"{run_prefix(run)}.logs"]
 
 
 def _remember(addresses: collections.OrderedDict[str, None], address: str) -> None:
@@ -128,8 +165,10 @@ def _message(envelope: Envelope) -> aio_pika.Message:
 
 
 class _RabbitDelivery(Delivery):
-    def __init__(self, message: AbstractIncomingMessage, address: str) -> None:
-        super().__init__(_envelope(message), address=address, redelivered=bool(message.redelivered))
+    def __init__(self, message: AbstractIncomingMessage, address: str, lane: Lane) -> None:
+        super().__init__(
+            _envelope(message), address=address, redelivered=bool(message.redelivered), lane=lane
+        )
         self._message = message
 
     async def _ack(self) -> None:
@@ -143,13 +182,14 @@ class _RabbitDelivery(Delivery):
 
 
 class _RabbitConsumer(Consumer):
-    def __init__(self, handler: DeliveryHandler, channel: AbstractChannel, address: str) -> None:
+    def __init__(self, handler: DeliveryHandler, channel: AbstractChannel, address: str, lane: Lane) -> None:
         super().__init__(handler)
         self.channel = channel
         self.address = address
+        self.lane = lane
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
-        self.offer(_RabbitDelivery(message, self.address))
+        self.offer(_RabbitDelivery(message, self.address, self.lane))
 
     async def _close_transport(self) -> None:
         if not self.channel.is_closed:
@@ -170,7 +210,7 @@ class RabbitBroker(Broker):
         self.connection_name = connection_name or f"parkway-{run}-{os.getpid()}"
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
-        self._exchange: AbstractExchange | None = None
+        self._exchanges: dict[Lane, AbstractExchange] = {}  # each lane's, once started
         self._dlx: AbstractExchange | None = None
         self._logs: AbstractExchange | None = None
         self._dead_queue: AbstractQueue | None = None
@@ -189,10 +229,10 @@ class RabbitBroker(Broker):
     # -- names ---------------------------------------------------------------------------------
     @property
     def prefix(self) -> str:
-        return f"pk.{self.run}"
+        return run_prefix(self.run)
 
-    def queue_name(self, address: str) -> str:
-        return f"{self.prefix}.q.{address}"
+    def queue_name(self, address: str, lane: Lane = Lane.DATA) -> str:
+        return queue_name(self.run, address, lane)
 
     @property
     def dead_queue_name(self) -> str:
@@ -216,9 +256,10 @@ class RabbitBroker(Broker):
         self._connection.reconnect_callbacks.add(self._on_reconnect)
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._channel = channel
-        self._exchange = await channel.declare_exchange(
-            self.prefix, aio_pika.ExchangeType.DIRECT, durable=True
-        )
+        for lane in Lane:
+            self._exchanges[lane] = await channel.declare_exchange(
+                exchange_name(self.run, lane), aio_pika.ExchangeType.DIRECT, durable=True
+            )
         self._dlx = await channel.declare_exchange(
             f"{self.prefix}.dlx", aio_pika.ExchangeType.FANOUT, durable=True
         )
@@ -295,17 +336,18 @@ class RabbitBroker(Broker):
     async def declare(self, address: str) -> None:
         if address in self._declared:
             return
-        assert self._channel is not None and self._exchange is not None, "broker not started"
-        queue = await self._channel.declare_queue(
-            self.queue_name(address),
-            durable=True,
-            arguments={"x-dead-letter-exchange": f"{self.prefix}.dlx"},
-        )
-        await queue.bind(self._exchange, routing_key=address)
+        assert self._channel is not None and self._exchanges, "broker not started"
+        for lane in Lane:
+            queue = await self._channel.declare_queue(
+                self.queue_name(address, lane),
+                durable=True,
+                arguments={"x-dead-letter-exchange": f"{self.prefix}.dlx"},
+            )
+            await queue.bind(self._exchanges[lane], routing_key=address)
         self._declared.add(address)
 
-    async def publish(self, address: str, envelope: Envelope) -> None:
-        assert self._exchange is not None, "broker not started"
+    async def publish(self, address: str, envelope: Envelope, *, lane: Lane = Lane.DATA) -> None:
+        assert self._exchanges, "broker not started"
         if envelope.reply_to == DIRECT_REPLY_TO and not self._replies_ready.is_set():
             try:  # the channel was reopened and does not consume its replies yet
                 with anyio.fail_after(REPLIES_READY_TIMEOUT_S):
@@ -315,9 +357,9 @@ class RabbitBroker(Broker):
                     f"request to {address!r} not sent: no reply consumer after {REPLIES_READY_TIMEOUT_S:.0f}s"
                 ) from None
         try:
-            await self._exchange.publish(_message(envelope), routing_key=address, mandatory=True)
+            await self._exchanges[lane].publish(_message(envelope), routing_key=address, mandatory=True)
         except aio_pika.exceptions.DeliveryError as exc:
-            raise Unroutable(f"no queue for address {address!r} in run {self.run!r}") from exc
+            raise Unroutable(f"no {lane} queue for address {address!r} in run {self.run!r}") from exc
         except (
             aiormq.exceptions.AMQPError,
             aio_pika.exceptions.ChannelInvalidStateError,
@@ -401,15 +443,17 @@ class RabbitBroker(Broker):
                     await channel.close()
 
     # -- consuming -----------------------------------------------------------------------------
-    async def consume(self, address: str, handler: DeliveryHandler, *, prefetch: int = 16) -> Consumer:
+    async def consume(
+        self, address: str, handler: DeliveryHandler, *, prefetch: int = 16, lane: Lane = Lane.DATA
+    ) -> Consumer:
         assert self._connection is not None, "broker not started"
         channel = await self._connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=prefetch)
         try:
-            queue = await channel.declare_queue(self.queue_name(address), passive=True)
+            queue = await channel.declare_queue(self.queue_name(address, lane), passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise Unroutable(f"no queue for address {address!r} in run {self.run!r}") from exc
-        consumer = _RabbitConsumer(handler, channel, address)
+            raise Unroutable(f"no {lane} queue for address {address!r} in run {self.run!r}") from exc
+        consumer = _RabbitConsumer(handler, channel, address, lane)
         await queue.consume(consumer.on_message, no_ack=False)
         self._consumers.append(consumer)
         return consumer

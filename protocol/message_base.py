@@ -22,3 +22,20 @@ class ControlCommand(Message, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not is_valid_checkpoint_id(self.checkpoint_id):
             raise ValueError(f"checkpoint_id {self.checkpoint_id!r} is not a valid checkpoint id")
+
+
+# A rollout id's bound, in UTF-8 bytes: the keys made of it (``<id>-a<N>:<index>``) are correlation ids,
+# and AMQP carries a correlation id in at most 255 bytes.
+MAX_ROLLOUT_ID_BYTES = 128
+
+
+def check_attempt(rollout_id: str, attempt: int, call_index: int = 0) -> None:
+    """The identity of a data message: a named rollout, an attempt and a call index, none negative."""
+    if not rollout_id:
+        raise ValueError("rollout_id is empty")
+    if len(rollout_id.encode("utf-8", "surrogatepass")) > MAX_ROLLOUT_ID_BYTES:
+        raise ValueError(f"rollout_id is longer than {MAX_ROLLOUT_ID_BYTES} bytes")
+    if attempt < 0:
+        raise ValueError(f"attempt {attempt} is negative")
+    if call_index < 0:
+        raise ValueError(f"call_index {call_index} is negative")

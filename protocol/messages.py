@@ -22,6 +22,14 @@ from parkway.protocol.inspection import MemoryReport, MemoryUsage
 from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
 from parkway.protocol.message_base import ControlCommand as ControlCommand
 from parkway.protocol.message_base import Message as Message
+from parkway.protocol.message_base import check_attempt
+from parkway.protocol.rows import CanonicalRow as CanonicalRow
+from parkway.protocol.rows import CanonicalRows as CanonicalRows
+from parkway.protocol.rows import FetchRows as FetchRows
+from parkway.protocol.rows import ReleaseRows as ReleaseRows
+from parkway.protocol.rows import Rows as Rows
+from parkway.protocol.rows import SealRows as SealRows
+from parkway.protocol.rows import StagingRow as StagingRow
 from parkway.protocol.snapshot_failures import SnapshotHealth
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
@@ -48,11 +56,15 @@ class AttemptRef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class EpisodeRef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """An attempt together with the replica that runs it: the exact scope of a commit or restore."""
+    """An attempt together with the replica that runs it: the exact scope of a commit or restore.
+
+    ``tools`` is what the agent's cut holds of it: the tool calls made before its saved boundary. A
+    tool server saves each session as it was at that call (docs/snapshots.md#the-cut)."""
 
     rollout_id: str
     attempt: ranges.Count
     replica: ranges.Count
+    tools: ranges.Count = 0
 
     def __post_init__(self) -> None:
         if not self.rollout_id:
@@ -75,16 +87,6 @@ def _check_location(location: str) -> None:
         raise ValueError(f"location {location!r} does not match {LOCATION_PATTERN.pattern}")
 
 
-def _check_attempt(rollout_id: str, attempt: int, call_index: int = 0) -> None:
-    """The identity of a data message: a named rollout, an attempt and a call index, none negative."""
-    if not rollout_id:
-        raise ValueError("rollout_id is empty")
-    if attempt < 0:
-        raise ValueError(f"attempt {attempt} is negative")
-    if call_index < 0:
-        raise ValueError(f"call_index {call_index} is negative")
-
-
 def _check_tokens(what: str, token_ids: tuple[int, ...]) -> None:
     for token in token_ids:
         if not 0 <= token <= MAX_TOKEN_ID:
@@ -104,7 +106,12 @@ class Status(ControlCommand, frozen=True, kw_only=True):
 
 
 class Prepare(ControlCommand, frozen=True, kw_only=True):
-    """Park at the nearest boundary and hold; answer when ready or when the deadline passes."""
+    """Close admission and hold; answer when the cut can be taken, or when the deadline passes.
+
+    ``episodes``, to an agent: the attempts the controller dispatched to it. Their ``Run`` travels on the
+    data lane and may still be queued behind this command, so the agent waits until each has arrived."""
+
+    episodes: tuple[EpisodeRef, ...] = ()
 
 
 class Renew(ControlCommand, frozen=True, kw_only=True):
@@ -122,11 +129,9 @@ class SnapshotCommand(ControlCommand, frozen=True, kw_only=True):
         _check_location(self.location)
 
 
-class Commit(SnapshotCommand, frozen=True, kw_only=True):
-    """Write the participant's records under ``location`` for exactly ``episodes``.
-
-    A commit only ever writes the temporary directory of its own checkpoint, ``tmp_<checkpoint id>``:
-    never a published snapshot, never another checkpoint's files."""
+class TemporaryLocation(SnapshotCommand, frozen=True, kw_only=True):
+    """A command about a snapshot not yet published: its location can only be the temporary directory
+    of its own checkpoint, ``tmp_<checkpoint id>``, never a published snapshot or another's files."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,6 +140,16 @@ class Commit(SnapshotCommand, frozen=True, kw_only=True):
                 f"location {self.location!r} is not the temporary directory of checkpoint "
                 f"{self.checkpoint_id!r} ({tmp_dir_name(self.checkpoint_id)})"
             )
+
+
+class Commit(TemporaryLocation, frozen=True, kw_only=True):
+    """Take the cut: an immutable in-memory copy of the participant's state for exactly ``episodes``
+    (a tool server: each session as it was at the episode's ``tools``). Nothing is written yet."""
+
+
+class Persist(TemporaryLocation, frozen=True, kw_only=True):
+    """Write the cut this id's Commit took under ``location`` and answer its files' digests. Sent after
+    admission reopened: the writing is outside the snapshot's pause."""
 
 
 class Resume(ControlCommand, frozen=True, kw_only=True):
@@ -257,12 +272,18 @@ class Prepared(Message, frozen=True, kw_only=True):
     boundaries_passed: ranges.Count = 0
     restarts: tuple[AttemptRef, ...] = ()
     waited_s: ranges.Seconds = 0.0  # how long the participant waited for its rollouts to park (tool calls)
+    episodes: tuple[EpisodeRef, ...] = ()  # an agent's cut: each attempt it holds, at its saved boundary
 
 
 class Committed(Message, frozen=True, kw_only=True):
     checkpoint_id: str
     files: tuple[FileDigest, ...] = ()
     episodes: tuple[EpisodeRef, ...] = ()
+
+
+class Persisted(Message, frozen=True, kw_only=True):
+    checkpoint_id: str
+    files: tuple[FileDigest, ...] = ()
 
 
 class Restored(Message, frozen=True, kw_only=True):
@@ -322,7 +343,7 @@ class Run(Message, frozen=True, kw_only=True):
     epoch: ranges.Count = 0  # the dispatching controller's incarnation (+1 per restore)
 
     def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt)
+        check_attempt(self.rollout_id, self.attempt)
 
 
 class Generate(Message, frozen=True, kw_only=True):
@@ -339,7 +360,7 @@ class Generate(Message, frozen=True, kw_only=True):
     epoch: Epoch = 0
 
     def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt, self.call_index)
+        check_attempt(self.rollout_id, self.attempt, self.call_index)
         _check_tokens("token_ids", self.token_ids)
         _check_tokens("stop_token_ids", self.stop_token_ids)
         if self.max_tokens < 0:
@@ -356,7 +377,7 @@ class Generated(Message, frozen=True, kw_only=True):
     policy_version: ranges.Count = 0
 
     def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt, self.call_index)
+        check_attempt(self.rollout_id, self.attempt, self.call_index)
 
 
 class ToolCall(Message, frozen=True, kw_only=True):
@@ -375,9 +396,13 @@ class ToolCall(Message, frozen=True, kw_only=True):
     arguments: dict[str, object] = {}
     seed: ranges.Int64 = 0
     epoch: Epoch = 0
+    # The tool calls the attempt had made at its last boundary (its agent's mark). A tool server keeps
+    # the session as it was there while the round runs, so a snapshot need not wait for the round.
+    # None: the sender does not say (a session is then saved only at a boundary).
+    boundary_tools: ranges.Count | None = None
 
     def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt, self.call_index)
+        check_attempt(self.rollout_id, self.attempt, self.call_index)
 
 
 class ToolResult(Message, frozen=True, kw_only=True):
@@ -389,67 +414,7 @@ class ToolResult(Message, frozen=True, kw_only=True):
     revision: ranges.Count = 0
 
     def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt, self.call_index)
-
-
-class StagingRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    capture_key: str
-    turn: ranges.Count
-    token_ids: tuple[ranges.TokenId, ...]
-    logprobs: tuple[ranges.LogProb, ...] = ()
-    policy_version: ranges.Count = 0
-    # The tokens the call was prompted with: a trainer scores the sampled tokens in their context.
-    # Empty in rows written before it existed (they still decode) and where a writer leaves it out.
-    prompt_token_ids: tuple[ranges.TokenId, ...] = ()
-
-
-class Rows(Message, frozen=True, kw_only=True):
-    """Policy or agent -> TQ: staging rows, one per model call."""
-
-    rows: tuple[StagingRow, ...]
-    epoch: Epoch = 0  # the epoch of the Generate that made them
-
-
-class SealRows(Message, frozen=True, kw_only=True):
-    """Controller -> TQ: the attempt is sealed; make its staging rows the rollout's canonical row."""
-
-    rollout_id: str
-    attempt: ranges.Count
-    capture_key: str
-    reward: ranges.Finite
-    # "<capture key>:<turn>" per turn; a continued attempt's first turns come from the attempt before.
-    staging_keys: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt)
-
-
-class CanonicalRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A finished rollout as the trainer reads it: one staging row per model call, in turn order."""
-
-    rollout_id: str
-    attempt: ranges.Count
-    capture_key: str
-    reward: ranges.Finite
-    turns: tuple[StagingRow, ...]
-
-
-class FetchRows(Message, frozen=True, kw_only=True):
-    """Trainer (controller) -> TQ: read canonical rows."""
-
-    rollout_ids: tuple[str, ...]
-
-
-class ReleaseRows(Message, frozen=True, kw_only=True):
-    """Trainer (controller) -> TQ: the trainer consumed these rollouts; drop their canonical row and the
-    staging rows of every attempt (a snapshot then carries only rows still to be trained on)."""
-
-    rollout_ids: tuple[str, ...]
-
-
-class CanonicalRows(Message, frozen=True, kw_only=True):
-    rows: tuple[CanonicalRow, ...]
-    missing: tuple[str, ...] = ()
+        check_attempt(self.rollout_id, self.attempt, self.call_index)
 
 
 class Train(Message, frozen=True, kw_only=True):
@@ -507,7 +472,7 @@ class Completed(Message, frozen=True, kw_only=True):
     epoch: Epoch = 0
 
     def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt)
+        check_attempt(self.rollout_id, self.attempt)
 
 
 class Ack(Message, frozen=True, kw_only=True):
@@ -528,7 +493,7 @@ class Failed(Message, frozen=True, kw_only=True):
     epoch: Epoch = 0
 
     def __post_init__(self) -> None:
-        _check_attempt(self.rollout_id, self.attempt)
+        check_attempt(self.rollout_id, self.attempt)
 
 
 AnyMessage = (
@@ -537,6 +502,7 @@ AnyMessage = (
     | Prepare
     | Renew
     | Commit
+    | Persist
     | Resume
     | Abort
     | Restore
@@ -551,6 +517,7 @@ AnyMessage = (
     | StatusReport
     | Prepared
     | Committed
+    | Persisted
     | Restored
     | ProbeResult
     | SnapshotTaken
@@ -579,6 +546,14 @@ AnyMessage = (
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in typing.get_args(AnyMessage)}
 # Every control command, in the union's order.
 CONTROL_COMMANDS = tuple(cls for cls in MESSAGE_TYPES.values() if issubclass(cls, ControlCommand))
+
+
+# Commands whose effect outlives the process that handled them (files written, a snapshot published,
+# a probe's journal line): their replies are journaled, fsynced before they leave, so a process that
+# restarts answers a redelivery as before instead of doing it again. Every other command's effect is
+# in memory and dies with the process (a cut, a phase, a fence): replaying its reply in a new process
+# would claim what that process does not hold, and journaling it put fsyncs inside the snapshot pause.
+DURABLE_REPLIES: tuple[type[ControlCommand], ...] = (Persist, Snapshot, Probe)
 
 
 def is_control(message: Message) -> bool:

@@ -17,17 +17,22 @@ from parkway.protocol.ids import Role
 
 
 class SaveStep(StrEnum):
+    # The admission-closed window: only what a consistent cut needs.
     CLOSE_GATE = "close_gate"  # stop dispatching Run; rows waiting behind the gate are not running
     RETIRE = "retire"  # attempts given up on are stopped on their agents
     ACK_DRAIN = "ack_drain"  # every pending ACK goes out, as one batch per agent
-    PREPARE = "prepare"  # participants park, staged, event driven, one deadline for all
-    COMMIT = "commit"  # participants write their records under the snapshot's temporary directory
+    PREPARE = "prepare"  # every agent at once cuts its rollouts at their boundaries
     DRAIN_RECEIPTS = "drain_receipts"  # receipts already on the wire seal before the cut
-    CAPTURE = "capture"  # TQ, ledger and task cursor at one cut
-    VALIDATE = "validate"  # saved episodes == dispatched attempts, staging keys present, digests match
-    PUBLISH = "publish"  # fsync, rename tmp_<id> to snapshot_<seq>, fsync the parent, keep the newest k
-    RESUME = "resume"  # participants resume (retried under the same id until all answer)
+    CAPTURE = "capture"  # the ledger copied, and TQ's Prepare and Commit sent behind its data: one cut
     OPEN_GATE = "open_gate"
+    # After the window, with the rollouts running: nothing here holds them but the rollouts of an
+    # environment without round copies, and a failure here aborts this snapshot (the one before stays
+    # authoritative), never the run.
+    COMMIT = "commit"  # every other participant takes its cut (a tool server at its agents' boundaries)
+    RESUME = "resume"  # participants resume (retried under the same id until all answer)
+    PERSIST = "persist"  # every participant writes its cut under tmp_<id>; the ledger is written
+    VALIDATE = "validate"  # saved episodes == dispatched attempts, staging keys present, digests match
+    PUBLISH = "publish"  # fsync, rename tmp_<id> to snapshot_<seq>, fsync the parent; prune the oldest
 
 
 class RestoreStep(StrEnum):
@@ -68,23 +73,33 @@ class Step(Generic[StepName]):
     stages: tuple[Stage, ...] = ()
 
 
+EVERY_PARTICIPANT = stages("agent+policy+resources+tq")
+
 SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
     Step(SaveStep.CLOSE_GATE),
     Step(SaveStep.RETIRE),
     Step(SaveStep.ACK_DRAIN),
-    Step(SaveStep.PREPARE, stages("policy", "agent", "resources+tq")),
-    Step(SaveStep.COMMIT, stages("agent", "policy", "resources")),
+    # Only the agents hold what the window must wait for: their rollouts' boundaries. The other roles
+    # hold nothing a rollout waits on, so they are prepared and committed after it, each in one go
+    # (they park at once: a Commit right behind the Prepare finds it prepared). TQ's come in the window,
+    # on its data lane: behind the rows the agents' cuts refer to, and at the ledger's instant.
+    Step(SaveStep.PREPARE, stages("agent")),
     Step(SaveStep.DRAIN_RECEIPTS),
     Step(SaveStep.CAPTURE, stages("tq")),
+    Step(SaveStep.OPEN_GATE),
+    Step(SaveStep.COMMIT, stages("agent+policy+resources")),
+    Step(SaveStep.RESUME, EVERY_PARTICIPANT),
+    Step(SaveStep.PERSIST, EVERY_PARTICIPANT),
     Step(SaveStep.VALIDATE),
     Step(SaveStep.PUBLISH),
-    Step(SaveStep.RESUME, stages("resources+tq", "policy", "agent")),
-    Step(SaveStep.OPEN_GATE),
 )
 
-# A failure at any step up to and including this one aborts the snapshot under its id, and the one
-# before stays authoritative (a publish that fails undoes its rename). After it the snapshot stands.
-ABORTABLE_UNTIL = SaveStep.PUBLISH
+# Where a failure no longer aborts: the cut was taken and is released (the rollouts run on from it
+# either way). A failure at any other step aborts the snapshot under its id, and the one before stays
+# authoritative (a publish that fails undoes its rename).
+NOT_ABORTED = frozenset({SaveStep.OPEN_GATE, SaveStep.RESUME})
+# The window ends here: the steps after it run with admission open.
+WINDOW_ENDS = SaveStep.OPEN_GATE
 
 RESTORE_SEQUENCE: tuple[Step[RestoreStep], ...] = (
     Step(RestoreStep.END_ORPHANS, stages("agent", "policy", "resources", "tq")),
@@ -111,7 +126,12 @@ def _position(sequence: tuple[Step[StepName], ...], name: StepName) -> int:
 
 def save_failure_aborts(failed_at: SaveStep) -> bool:
     """Whether a save that failed at this step is aborted (its participants, its temporary files)."""
-    return _position(SAVE_SEQUENCE, failed_at) <= _position(SAVE_SEQUENCE, ABORTABLE_UNTIL)
+    return failed_at not in NOT_ABORTED
+
+
+def in_window(step: SaveStep) -> bool:
+    """Whether ``step`` runs while admission is closed."""
+    return _position(SAVE_SEQUENCE, step) <= _position(SAVE_SEQUENCE, WINDOW_ENDS)
 
 
 def restore_failure_aborts(failed_at: RestoreStep) -> bool:

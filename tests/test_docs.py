@@ -274,17 +274,17 @@ def rabbitmq_run(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def delete_run(run: str) -> None:
     """Remove a run's queues and exchanges from the local RabbitMQ (names as ``brokers/rabbitmq.py``
-    declares them: ``pk.<run>``, ``pk.<run>.q.<address>``, ``.dead``, ``.dlx``, ``.logs``)."""
+    declares them: ``run_queues``, both lanes of each address, and ``run_exchanges``)."""
     import pika
+    from parkway.brokers.rabbitmq import run_exchanges, run_queues
 
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     try:
         channel = connection.channel()
         roles = {"tq": 1, "policy": 1, "resources": 2, "agent": 2, "controller": 1}
-        queues = [f"pk.{run}.q.{role}/{i}" for role, n in roles.items() for i in range(n)]
-        for name in [*queues, f"pk.{run}.dead", f"pk.{run}.logs"]:
+        for name in run_queues(run, [f"{role}/{i}" for role, n in roles.items() for i in range(n)]):
             channel.queue_delete(name)
-        for name in (f"pk.{run}", f"pk.{run}.dlx", f"pk.{run}.logs"):
+        for name in run_exchanges(run):
             channel.exchange_delete(name)
     finally:
         connection.close()

@@ -280,15 +280,16 @@ def test_an_actor_runs_from_the_wheel(installed: tuple[Path, Path]) -> None:
 
 
 def delete_run(run: str) -> None:
-    """Remove what the actor declared on RabbitMQ (queue names as ``brokers/rabbitmq.py`` makes them)."""
+    """Remove what the actor declared on RabbitMQ (names as ``brokers/rabbitmq.py`` makes them)."""
     import pika
+    from parkway.brokers.rabbitmq import run_exchanges, run_queues
 
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     try:
         channel = connection.channel()
-        for name in (f"pk.{run}.q.tq/0", f"pk.{run}.dead", f"pk.{run}.logs"):
+        for name in run_queues(run, ["tq/0"]):
             channel.queue_delete(name)
-        for name in (f"pk.{run}", f"pk.{run}.dlx", f"pk.{run}.logs"):
+        for name in run_exchanges(run):
             channel.exchange_delete(name)
     finally:
         connection.close()

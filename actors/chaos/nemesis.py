@@ -395,18 +395,18 @@ class Workload:
 
 # -- the run ------------------------------------------------------------------------------------
 async def delete_run(url: str, run: str) -> None:
-    """Remove one workload's queues and exchanges from a shared broker."""
+    """Remove one workload's queues (both lanes of each actor's) and exchanges from a shared broker."""
     import aio_pika
+    from parkway.brokers.rabbitmq import run_exchanges, run_queues
 
     with contextlib.suppress(Exception):
         connection = await aio_pika.connect(url)
         async with connection:
             channel = await connection.channel()
-            prefix = f"pk.{run}"
-            addresses = [*PARTICIPANTS, "controller/0"]
-            for name in [*(f"{prefix}.q.{a}" for a in addresses), f"{prefix}.dead", f"{prefix}.logs"]:
+            # The controller's process also hosts the trainer (inline) and declares its queues.
+            for name in run_queues(run, [*PARTICIPANTS, "controller/0", "trainer/0"]):
                 await channel.queue_delete(name)
-            for name in (prefix, f"{prefix}.dlx", f"{prefix}.logs"):
+            for name in run_exchanges(run):
                 await channel.exchange_delete(name)
 
 

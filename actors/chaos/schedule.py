@@ -75,7 +75,8 @@ PARTICIPANTS = ("tq/0", "policy/0", "resources/0", "resources/1", "agent/0", "ag
 ACTOR_POINTS: tuple[str, ...] = (
     "participant_prepare",  # in the middle of a Prepare (before it parked)
     "after_reply_journaled:Prepare",  # prepared and journaled, the reply not sent
-    "after_reply_sent:Commit",  # committed (its records written), reply sent
+    "after_reply_sent:Commit",  # committed (its cut taken in memory), reply sent
+    "after_reply_sent:Persist",  # its cut written, reply sent (after the window)
     "after_reply_sent:Resume",  # resumed
 )
 BETWEEN = "between snapshots"
@@ -195,7 +196,7 @@ def matrix(*, broker: bool) -> list[Cell]:
     for kind in (FaultKind.PAUSE_ACTOR, FaultKind.PAUSE_CLUSTER, *(BROKER_KINDS if broker else ())):
         cells += [Cell(kind, BETWEEN), Cell(kind, "prepare"), Cell(kind, "commit")]
     # The state directory unwritable where the controller and the participants write to it.
-    cells += [Cell(FaultKind.STATE_UNWRITABLE, p) for p in ("save_commit", "save_capture", "save_publish")]
+    cells += [Cell(FaultKind.STATE_UNWRITABLE, p) for p in ("save_persist", "save_validate", "save_publish")]
     return cells + (broker_restarts_at_every_step() if broker else [])
 
 
@@ -206,7 +207,7 @@ def quick_matrix(*, broker: bool) -> list[Cell]:
         Cell(FaultKind.KILL_CONTROLLER, "after_publish"),
         Cell(FaultKind.KILL_CONTROLLER, "after_restore_agent"),
         Cell(FaultKind.KILL_CLUSTER, "after_commit"),
-        Cell(FaultKind.KILL_CLUSTER, "after_capture"),
+        Cell(FaultKind.KILL_CLUSTER, "after_open_gate"),  # the window closed, the cut not yet written
         Cell(FaultKind.KILL_ACTOR, "after_reply_sent:Commit"),
         Cell(FaultKind.KILL_ACTOR, BETWEEN),
         Cell(FaultKind.PAUSE_ACTOR, "prepare"),
@@ -282,10 +283,14 @@ def _plan_outages(
 
 
 def _conflicts(cell: Cell, taken: list[Cell]) -> bool:
-    """Faults that would crowd each other out of one workload: two broker faults, a third controller
-    kill at a save point (each one costs a restore), a third actor kill or a second of one actor."""
+    """Faults that would crowd each other out of one workload: two broker faults, two outages at save
+    points (a broken state directory and a broker restart, each held while the step runs), a third
+    controller kill at a save point (each one costs a restore), a third actor kill or a second of one
+    actor."""
     kinds = [c.kind for c in taken]
     if cell.kind in BROKER_KINDS and any(k in BROKER_KINDS for k in kinds):
+        return True
+    if cell.outage_at_point and any(c.outage_at_point for c in taken):
         return True
     controller = (FaultKind.KILL_CONTROLLER, FaultKind.KILL_CLUSTER)
     saves = sum(1 for c in taken if c.kind in controller and c.step not in RESTORE_POINTS)
@@ -341,7 +346,12 @@ def random_plan(index: int, seed: int, *, broker: bool) -> WorkloadPlan:
     killed = any(c.kind in (FaultKind.KILL_CONTROLLER, FaultKind.KILL_CLUSTER) for c in chosen)
     if killed and rng.random() < 0.3:
         chosen.append(Cell(FaultKind.KILL_CONTROLLER, rng.choice(RESTORE_POINTS)))
-    elif killed and broker and not any(c.kind in BROKER_KINDS for c in chosen) and rng.random() < 0.3:
+    elif (
+        killed
+        and broker
+        and not any(c.kind in BROKER_KINDS or c.outage_at_point for c in chosen)
+        and rng.random() < 0.3
+    ):
         chosen.append(Cell(FaultKind.BROKER_RESTART, rng.choice(RESTORE_STEP_POINTS)))
     plan = WorkloadPlan(index=index, seed=seed * 1000 + index)
     for cell in chosen:

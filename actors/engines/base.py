@@ -53,6 +53,12 @@ class Engine(ABC):
     @abstractmethod
     def in_flight(self) -> int: ...
 
+    def tokens_accrued(self) -> int | None:
+        """Tokens generated so far, those of generations still running included, as they come out;
+        None where the engine cannot say (the policy's ``tokens_generated`` counts a generation's tokens
+        when it returns)."""
+        return None
+
     async def load_weights(self, directory: str) -> None:
         """Replace the weights with those in ``directory`` (a checkpoint in the model's own format).
 

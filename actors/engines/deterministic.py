@@ -9,6 +9,11 @@ Everything it says comes from an RNG seeded with sha256 of (seed, prompt token i
 Python's ``hash()``, so the same request and seed give the same tokens and logprobs in every process.
 The reply takes an optional simulated time per token (one timed wait per generation, not a sleep per
 token): a generation takes a realistic time, and ``abort`` cuts it at the tokens "generated" so far.
+It may also spend real CPU per token (``cpu_per_token_s``: a busy loop in a compute process of its own,
+as a real engine computes outside the process that serves its requests), so a benchmark's data plane
+competes for the cores with everything else; that never changes what it says.
+``tokens_accrued`` counts the tokens out so far, those of generations still running included, at the
+pace they come out (not when a generation returns).
 """
 
 from __future__ import annotations
@@ -16,9 +21,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import multiprocessing
+import os
 import random
 import struct
+import threading
+import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 import anyio
 from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult, require_directory
@@ -49,12 +60,19 @@ _SYSTEM = "<|system|>\n"
 class DeterministicEngine(Engine):
     """Same request and seed, same tokens and logprobs, in any process; ``filler_words`` words per reply."""
 
-    def __init__(self, per_token_delay_s: float = 0.0, filler_words: int = 6) -> None:
-        if per_token_delay_s < 0 or filler_words < 0:
-            raise ValueError("per_token_delay_s and filler_words must be >= 0")
+    def __init__(
+        self, per_token_delay_s: float = 0.0, filler_words: int = 6, cpu_per_token_s: float = 0.0
+    ) -> None:
+        if per_token_delay_s < 0 or filler_words < 0 or cpu_per_token_s < 0:
+            raise ValueError("per_token_delay_s, filler_words and cpu_per_token_s must be >= 0")
         self.per_token_delay_s = per_token_delay_s
         self.filler_words = filler_words
+        self.cpu_per_token_s = cpu_per_token_s
         self._running = 0
+        self._tokens_returned = 0  # tokens of the generations that returned
+        self._paces: set[Pace] = set()  # the generations running
+        self._compute: ProcessPoolExecutor | None = None  # where the CPU per token is spent
+        self.cpu_asked_s = 0.0  # CPU seconds asked of the compute process so far
         self.weights: str | None = None
         self._aborts: dict[str, list[asyncio.Event]] = defaultdict(list)
 
@@ -77,6 +95,16 @@ class DeterministicEngine(Engine):
         return tokens, logprobs
 
     # -- Engine ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.cpu_per_token_s > 0:
+            # Started (and its imports done) here, not in the first generation.
+            await asyncio.get_running_loop().run_in_executor(self._compute_process(), burn_cpu, 0.0)
+
+    async def stop(self) -> None:
+        if self._compute is not None:
+            self._compute.shutdown(wait=False, cancel_futures=True)
+            self._compute = None
+
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         tokens, logprobs = self.reply_tokens(request)
         stops = set(request.stop_token_ids)
@@ -92,21 +120,15 @@ class DeterministicEngine(Engine):
             if token == chat.EOS or token in stops:
                 finish = "stop"
                 break
+        pace = Pace()
+        self._paces.add(pace)
         try:
-            if self.per_token_delay_s > 0 and out:
-                # One timed wait per generation, not one sleep per token: the reply takes
-                # len(out) * per_token_delay_s, and an abort cuts it at the tokens "generated" so far.
-                # (A sleep per token costs an event-loop wake-up per token: at hundreds of calls in
-                # flight that is the benchmark measuring this stand-in, not the framework.)
-                loop = asyncio.get_running_loop()
-                started = loop.time()
-                with anyio.move_on_after(len(out) * self.per_token_delay_s) as generating:
-                    await aborted.wait()
-                if not generating.cancelled_caught:  # aborted before the last token
-                    done = int((loop.time() - started) / self.per_token_delay_s)
-                    if done < len(out):
-                        out, finish = out[:done], "abort"
+            done = await self._produce(len(out), aborted, pace)
+            if done < len(out):
+                out, finish = out[:done], "abort"
         finally:
+            self._paces.discard(pace)
+            self._tokens_returned += pace.done  # in the same step: never counted twice, nor missed
             self._running -= 1
             events = self._aborts[request.request_id]
             events.remove(aborted)
@@ -118,6 +140,56 @@ class DeterministicEngine(Engine):
             logprobs=tuple(logprobs[: len(out)]),
             finish_reason=finish,
         )
+
+    async def _produce(self, count: int, aborted: asyncio.Event, pace: Pace) -> int:
+        """Bring ``count`` tokens out at this engine's pace; how many came out before an abort.
+
+        Without CPU per token, one timed wait per generation, not one sleep per token: the reply takes
+        ``count * per_token_delay_s``, and an abort cuts it at the tokens "generated" so far. (A sleep
+        per token costs an event-loop wake-up per token: at hundreds of calls in flight that is the
+        benchmark measuring this stand-in, not the framework.) With CPU per token, slices of tokens:
+        each has its CPU spent in the compute process (one for the engine, so the generations share a
+        core at most, their slices in turn), then waits its time; CPU that other processes take makes
+        the generation later, as it would a real engine's."""
+        delay, cpu = self.per_token_delay_s, self.cpu_per_token_s
+        if delay <= 0 and cpu <= 0:
+            pace.done = count
+            return count
+        per_slice = count if cpu <= 0 else max(1, int(BURN_SLICE_S / cpu))
+        while pace.done < count:
+            tokens = min(per_slice, count - pace.done)
+            if cpu > 0:
+                self.cpu_asked_s += tokens * cpu
+                await asyncio.get_running_loop().run_in_executor(
+                    self._compute_process(), burn_cpu, tokens * cpu
+                )
+            if delay > 0:
+                pace.waiting(tokens)
+                with anyio.move_on_after(tokens * delay) as generating:
+                    await aborted.wait()
+                if not generating.cancelled_caught:  # aborted before this slice's last token
+                    pace.done = pace.tokens(delay)
+                    pace.waiting(0)
+                    return pace.done
+                pace.waiting(0)
+            pace.done += tokens
+            if aborted.is_set():
+                return pace.done
+        return count
+
+    def _compute_process(self) -> ProcessPoolExecutor:
+        if self._compute is None:  # made without an await: two generations never make two
+            self._compute = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),  # no fork of a process with threads
+                initializer=exit_with_parent,
+                initargs=(os.getpid(),),
+            )
+        return self._compute
+
+    def tokens_accrued(self) -> int:
+        """Tokens out so far: every returned generation's, and each running one's at its pace."""
+        return self._tokens_returned + sum(p.tokens(self.per_token_delay_s) for p in self._paces)
 
     async def abort(self, request_id: str) -> bool:
         events = self._aborts.get(request_id)
@@ -135,6 +207,48 @@ class DeterministicEngine(Engine):
         # a wrong path fails here as it would with a real engine.
         require_directory(directory)
         self.weights = directory
+
+
+BURN_SLICE_S = 0.002  # CPU per slice: a generation's tokens come out slice by slice
+
+
+@dataclass(eq=False)  # one per generation, told apart by identity
+class Pace:
+    """Where one generation stands: the tokens out, and the wait it is in for the next ones."""
+
+    done: int = 0  # tokens out before the current wait
+    waiting_since: float | None = None  # time.monotonic() when the current wait began
+    waiting_for: int = 0  # tokens the current wait brings out
+
+    def waiting(self, tokens: int) -> None:
+        """A wait for ``tokens`` more begins now (0: no wait)."""
+        self.waiting_since, self.waiting_for = (time.monotonic(), tokens) if tokens else (None, 0)
+
+    def tokens(self, per_token_delay_s: float) -> int:
+        """The tokens out now: those before the wait, and those of the wait whose time has passed."""
+        if self.waiting_since is None or per_token_delay_s <= 0:
+            return self.done
+        passed = int((time.monotonic() - self.waiting_since) / per_token_delay_s)
+        return self.done + min(self.waiting_for, passed)
+
+
+def burn_cpu(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time in a busy loop (time descheduled does not count)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def exit_with_parent(parent: int) -> None:
+    """A compute process ends when the engine's process is gone, even killed (it would wait forever on
+    its task queue otherwise)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def request_rng(seed: int, token_ids: tuple[int, ...] | list[int]) -> random.Random:

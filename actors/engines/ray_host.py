@@ -174,6 +174,10 @@ class EnginePool:
             return self._engine.in_flight()
         return self._dispatched
 
+    def tokens_accrued(self) -> int | None:
+        """The inline engine's ``tokens_accrued``; None for Ray replicas (a count would be a remote call)."""
+        return self._engine.tokens_accrued() if self._engine is not None else None
+
     async def load_weights(self, directory: str) -> int:
         """Load ``directory`` into every replica (all of them, or the call fails); returns how many."""
         if not self.started:

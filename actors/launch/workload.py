@@ -41,7 +41,10 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
                 "kv_cache_memory_bytes": policy.kv_cache_memory_bytes,
             }
         else:
-            kwargs = {"per_token_delay_s": policy.per_token_delay_s}
+            kwargs = {
+                "per_token_delay_s": policy.per_token_delay_s,
+                "cpu_per_token_s": policy.cpu_per_token_s,
+            }
         return {
             "engine": EngineSpec(kind=policy.engine, kwargs=kwargs),
             "engine_host": policy.host,

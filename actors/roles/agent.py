@@ -11,9 +11,11 @@ What each structure holds and its bound: docs/memory.md.
 
 Checkpoints. A rollout is parked when it waits at a boundary (before a model call, after a tool round)
 or waits for a model reply issued right after one. Prepare holds every rollout at its next boundary
-and answers once all are parked; a tool call in flight is waited for. Commit saves each rollout's
-transcript up to its boundary (``protocol/transcript.py``); Restore loads them, and the controller's ``Run``
-for attempt N+1 continues each from there by replaying the saved calls.
+and takes the cut once each is parked, or mid-round where its environment keeps round copies (its
+tool calls in flight are not waited for: ``attempt.py``); it first waits for every ``Run`` the Prepare
+names, which may be queued on the data lane behind it. The cut is each rollout's transcript up to its
+last boundary (``protocol/transcript.py``), kept in memory and written at Persist; Restore loads them,
+and the controller's ``Run`` for attempt N+1 continues each from there by replaying the saved calls.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from typing import Any
 
 import msgspec
 import structlog
-from parkway.actors.roles.attempt import PARKED_STATES, Attempt, received
+from parkway.actors.roles.attempt import DONE, Attempt, received
 from parkway.actors.runtime.forgetting import AttemptKey
-from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.actors.runtime.participant import Cut, ParkReport, Participant
 from parkway.actors.runtime.settings import ReceiptResend
 from parkway.actors.sdk.environments import Environment
 from parkway.actors.sdk.plugins import find_agent, find_environment
 from parkway.actors.sdk.rollout import AgentProgram
+from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import (
     ContinuationRestored,
     Receipt,
@@ -52,6 +55,7 @@ from parkway.protocol.messages import (
     FileDigest,
     Message,
     Ok,
+    Prepare,
     Restore,
     Retire,
     Run,
@@ -92,9 +96,16 @@ class Agent(Participant):
         self.resends: dict[AttemptKey, int] = {}  # how often each unacknowledged receipt was sent again
         self.continuations: dict[str, SavedRollout] = {}  # restored, waiting for their Run
         self.epoch = 0  # the newest controller incarnation seen (Run or Restore); see Participant
-        self.released = asyncio.Event()  # set while no checkpoint holds the rollouts
+        self.released = asyncio.Event()  # set while no checkpoint is open here
         self.released.set()
+        # Set once the open checkpoint's cut is taken (and while none is open): from then on only the
+        # rollouts the cut holds whose environment keeps no round copies wait for the release.
+        self.cut_taken = asyncio.Event()
+        self.cut_taken.set()
         self._park_changed = asyncio.Event()
+        self._unready: set[AttemptKey] = set()  # live attempts a cut cannot be taken of right now
+        self._cut: dict[AttemptKey, SavedRollout] | None = None  # taken where they parked, at Prepare
+        self._held_by_cut: set[AttemptKey] = set()  # what that cut holds as running: receipts wait
         self._resender: asyncio.Task[None] | None = None
         self.handlers.update({Run: self.on_run, Ack: self.on_ack})
         self.metrics.gauge(
@@ -107,6 +118,11 @@ class Agent(Participant):
     async def start(self) -> None:
         await super().start()
         self._resender = asyncio.get_running_loop().create_task(self._resend_unacked())
+        if self.environments is not None:
+            waited = sorted(n for n, cls in self.environments.items() if not cls.keeps_round_copy())
+            if waited:  # named at set-up: a snapshot waits for their tool rounds (docs/environments.md)
+                with structlog.contextvars.bound_contextvars(**self.log_context()):
+                    log.info("snapshots_wait_for_tool_calls", environments=waited)
 
     async def stop(self) -> None:
         if self._resender is not None:
@@ -156,13 +172,15 @@ class Agent(Participant):
         replay = self.continuations.pop(run.rollout_id, None) if continuing else None
         attempt = Attempt(self, run, replay)
         self.live[key] = attempt
+        self.state_changed(attempt)
         task = asyncio.get_running_loop().create_task(self._run_attempt(attempt))
         self.running[key] = task
 
         def finished(_: asyncio.Task[None]) -> None:
             self.running.pop(key, None)
             self.live.pop(key, None)
-            self.state_changed()
+            self._unready.discard(key)
+            self._park_changed.set()
 
         task.add_done_callback(finished)
 
@@ -217,42 +235,112 @@ class Agent(Participant):
         return Ok(detail=f"stopped {stopped} of {len(command.attempts)}")
 
     # -- checkpoint hooks ------------------------------------------------------------------------
-    def state_changed(self) -> None:
+    def state_changed(self, attempt: Attempt) -> None:
+        """Kept up to date at every move, so a Prepare waiting for the rollouts reads one set, not
+        every rollout on every move (which was quadratic in the rollouts in flight)."""
+        key = (attempt.run.rollout_id, attempt.run.attempt)
+        if self.live.get(key) is not attempt:
+            return
+        if attempt.cut_ready:
+            self._unready.discard(key)
+        else:
+            self._unready.add(key)
         self._park_changed.set()
 
     async def close_admission(self) -> None:
         self.released.clear()
+        self.cut_taken.clear()
 
-    async def wait_until_parked(self) -> ParkReport:
-        """Event driven: re-checked whenever a rollout changes state, never polled."""
+    def held(self, attempt: Attempt) -> bool:
+        """Until the cut is taken every rollout is held at its boundaries (so that it reaches one); after
+        it, a rollout the cut holds whose tool server keeps no round copies stays held until the
+        checkpoint ends (its session is cut at that boundary after this agent's cut), and every other
+        runs on: the cut is a copy."""
+        if self.released.is_set():
+            return False
+        if not self.cut_taken.is_set():
+            return True
+        key = (attempt.run.rollout_id, attempt.run.attempt)
+        return key in self._held_by_cut and not attempt.keeps_round_copy
+
+    async def hold(self, attempt: Attempt) -> None:
+        if not self.cut_taken.is_set():
+            await self.cut_taken.wait()  # (the release sets it too)
+        if self.held(attempt):
+            await self.released.wait()
+
+    async def wait_until_parked(self, command: Prepare) -> ParkReport:
+        """Event driven: until every Run the Prepare names has arrived and every rollout can be cut
+        (parked, or mid-round where its environment keeps round copies); then the cut, in memory."""
         started, waited = time.monotonic(), False
+        missing = {(e.rollout_id, e.attempt) for e in command.episodes if e.replica == self.replica}
         while True:
             self._park_changed.clear()
-            if all(live.state in PARKED_STATES for live in self.live.values()):
-                return ParkReport(
-                    parked=len(self.live),
-                    boundaries_passed=self.counts["boundaries"],
-                    waited_s=time.monotonic() - started if waited else 0.0,
-                )
+            missing = {key for key in missing if not self._has_seen(key)}
+            if not missing and not self._unready:
+                break
             waited = True
             await self._park_changed.wait()
+        cut = self._take_cut(command.checkpoint_id)
+        return ParkReport(
+            parked=len(cut.episodes),
+            boundaries_passed=self.counts["boundaries"],
+            waited_s=time.monotonic() - started if waited else 0.0,
+            episodes=cut.episodes,
+        )
+
+    def _has_seen(self, key: AttemptKey) -> bool:
+        """Whether this agent received that attempt's Run (or knows it ended)."""
+        rollout_id, attempt = key
+        return (
+            self.latest_attempt.get(rollout_id, -1) >= attempt or key in self.forgotten or key in self.retired
+        )
+
+    def _take_cut(self, checkpoint_id: str) -> Cut:
+        """Each rollout's transcript up to its last boundary: immutable values, so the cut is a list of
+        references now and the encoding waits for Persist (a rollout's saved transcript is the same
+        object from one cut to the next until it passes a boundary)."""
+        saved: dict[AttemptKey, SavedRollout] = {}
+        for key, live in self.live.items():
+            saved[key] = live.saved()
+            live.trace.parked(checkpoint_id)  # linked to this snapshot's trace (docs/tracing.md)
+        self._cut = saved
+        self._held_by_cut = set(saved)
+        self.cut_taken.set()  # the rollouts whose environment allows it go on at once
+        self.counts["cuts_taken"] += 1
+        return self._cut_of(saved)
+
+    def _cut_of(self, saved: dict[AttemptKey, SavedRollout]) -> Cut:
+        def write(directory: Path) -> tuple[FileDigest, ...]:
+            ordered = [saved[key] for key in sorted(saved)]
+            return (self.write_records(directory / "rollouts.msgpack", ordered),)
+
+        episodes = tuple(
+            EpisodeRef(rollout_id=r, attempt=a, replica=self.replica, tools=len(rollout.tools))
+            for (r, a), rollout in saved.items()
+        )
+        return Cut(write=write, episodes=episodes)
+
+    def take_cut(self, command: Commit) -> Cut:
+        """The cut taken at Prepare, less what the Commit leaves out of it (attempts the controller gave
+        up on since: it names exactly the ones it keeps)."""
+        if self._cut is None:
+            raise ProtocolError(
+                ErrorCode.INVALID_PHASE, f"commit of {command.checkpoint_id}: no cut was taken"
+            )
+        kept = {(e.rollout_id, e.attempt) for e in command.episodes}
+        saved = {key: rollout for key, rollout in self._cut.items() if key in kept}
+        self._cut = None
+        return self._cut_of(saved)
 
     async def release(self) -> None:
+        self._cut = None
+        self._held_by_cut.clear()
+        self.cut_taken.set()
         self.released.set()
-
-    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
-        saved = [live.saved() for _, live in sorted(self.live.items())]
-        for live in self.live.values():
-            live.trace.parked(command.checkpoint_id)  # linked to this snapshot's trace (docs/tracing.md)
-        return (self.write_records(directory / "rollouts.msgpack", saved),)
 
     def saved_episodes(self) -> tuple[EpisodeRef, ...]:
         return tuple(EpisodeRef(rollout_id=r, attempt=a, replica=self.replica) for r, a in sorted(self.live))
-
-    async def on_commit(self, command: Commit) -> Message:
-        reply = await super().on_commit(command)
-        # What this agent saved, exactly: the controller checks it against its ledger.
-        return msgspec.structs.replace(reply, episodes=self.saved_episodes())
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         # Read first: a snapshot that cannot be read changes nothing here.
@@ -300,6 +388,17 @@ class Agent(Participant):
         with structlog.contextvars.bound_contextvars(rollout_id=run.rollout_id, attempt=run.attempt):
             receipt = await attempt.run_to_receipt()
             key = (run.rollout_id, run.attempt)
+            if key in self._held_by_cut and not self.released.is_set():
+                # The cut holds it as running, at its last boundary: its receipt would seal it after
+                # the ledger was captured. It goes when the checkpoint ends (resumed or aborted).
+                attempt.state = DONE
+                self.counts["receipts_held_for_cut"] += 1
+                await self.released.wait()
+            # Ended: no cut may hold it from here on, its receipt seals it (a cut taken while the receipt
+            # is on its way would save it as running, and the ledger would have it sealed).
+            self.live.pop(key, None)
+            self._unready.discard(key)
+            self._park_changed.set()
             self.unacked[key] = (receipt, time.monotonic() + self.resend.pause(0))
             self.resends[key] = 0
             self.history.record(

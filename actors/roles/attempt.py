@@ -5,9 +5,16 @@ they are acknowledged, continuations restored from a snapshot). The attempt runs
 ``AgentProgram`` through a ``RolloutContext`` and ends in a receipt, ``Completed`` or ``Failed``.
 
 Where it stands is what a checkpoint needs: an attempt is parked when it waits at a boundary (before a
-model call, after a tool round) or for a model reply issued right after one; while the agent's
-``released`` event is clear it stays there. Its transcript up to the last boundary is what a snapshot
+model call, after a tool round) or for a model reply issued right after one; while the agent holds it
+(``AttemptHost.hold``: until the agent's cut is taken, and for a rollout whose environment keeps no round
+copies until the checkpoint ends) it stays there. Its transcript up to the last boundary is what a snapshot
 saves; an attempt continuing a saved one answers its first calls from that transcript (``replay``).
+
+An attempt whose environment keeps a copy of each session as it was at the last boundary while a tool
+round runs (``Environment.keeps_round_copy``) can be cut anywhere, mid-round too: the cut saves its last
+boundary and the tool server saves the session as it was there (``ToolCall.boundary_tools`` tells it
+where that is). Such an attempt is never waited for; one that finishes while the cut is held keeps its
+receipt until the checkpoint ends (``DONE``), since the cut still holds it as running.
 """
 
 from __future__ import annotations
@@ -62,7 +69,10 @@ TRANSPORT_RETRIES_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 RUNNING, AT_BOUNDARY, AWAITING_MODEL, IN_TOOL = "running", "boundary", "model", "tool"
 # Waiting for a ``boundary_before`` tool call (a command) sent right after a boundary: parked there.
 AWAITING_TOOL = "tool_parked"
+DONE = "done"  # the program ended while a cut held the attempt: its receipt waits for the release
 PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL, AWAITING_TOOL})
+# Where an attempt whose environment keeps round copies may be cut as well: at its last boundary.
+MID_ROUND_STATES = frozenset({RUNNING, IN_TOOL, DONE})
 
 
 class AttemptHost(Protocol):
@@ -73,7 +83,12 @@ class AttemptHost(Protocol):
     client: Client
     counts: Counter[str]
     history: History
-    released: asyncio.Event  # set while no checkpoint holds the rollouts
+
+    def held(self, attempt: Attempt) -> bool:
+        """Whether a checkpoint holds this attempt where it is (at its boundary) right now."""
+
+    async def hold(self, attempt: Attempt) -> None:
+        """Return once no checkpoint holds the attempt (at once when none does)."""
 
     def environment(self, name: str) -> type[Environment] | None:
         """The environment tasks call ``name`` (its tools are what the program sees)."""
@@ -81,7 +96,7 @@ class AttemptHost(Protocol):
     def program(self, name: str) -> type[AgentProgram] | None:
         """The agent program ``name`` names."""
 
-    def state_changed(self) -> None:
+    def state_changed(self, attempt: Attempt) -> None:
         """An attempt moved (parked, or left its boundary): a Prepare waiting for them looks again."""
 
 
@@ -118,26 +133,44 @@ class Attempt:
         self.model: list[ModelStep] = []
         self.tools: list[ToolStep] = []
         self.mark = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
-        self.boundary_tools: frozenset[str] = frozenset()  # tools its environment records a boundary before
+        self._saved: SavedRollout | None = None  # ``saved()`` at ``mark``: unchanged until the next boundary
+        env = host.environment(run.env)
+        self.boundary_tools: frozenset[str] = env.boundary_before if env is not None else frozenset()
+        # Cut anywhere (mid-round too): its tool server keeps the session as it was at the last boundary.
+        self.keeps_round_copy = env is not None and env.keeps_round_copy()
         # The turn in progress, (index, replayed, perf_counter at its start): logged for ``parkway report``.
         self.turn: tuple[int, bool, float] | None = None
         self.trace = tracing.rollout(run.rollout_id, run.attempt, host.replica)  # no-op unless tracing
 
+    @property
+    def cut_ready(self) -> bool:
+        """Whether a cut may be taken of it now: parked, or mid-round where its environment allows."""
+        return self.state in PARKED_STATES or (self.keeps_round_copy and self.state in MID_ROUND_STATES)
+
     def saved(self) -> SavedRollout:
+        """Its transcript up to its last boundary (the same object until it passes the next one)."""
         models, tools, boundaries = self.mark
-        return SavedRollout(
-            run=self.run,
-            model=tuple(self.model[:models]),
-            tools=tuple(self.tools[:tools]),
-            boundaries=boundaries,
-        )
+        replay = self.replay
+        if replay is not None and boundaries < replay.boundaries:
+            # Still replaying what it continues: its tool server holds the sessions as they were at the
+            # end of that transcript, so that end is its boundary, not the replayed one it is at.
+            return SavedRollout(
+                run=self.run, model=replay.model, tools=replay.tools, boundaries=replay.boundaries
+            )
+        if self._saved is None or self._saved.boundaries != boundaries:
+            self._saved = SavedRollout(
+                run=self.run,
+                model=tuple(self.model[:models]),
+                tools=tuple(self.tools[:tools]),
+                boundaries=boundaries,
+            )
+        return self._saved
 
     async def run_to_receipt(self) -> Completed | Failed:
         """Run the program to its end. Cancelled (retired, or the agent stopping): the tool session is
         released and the cancellation goes on; every other ending is a receipt."""
         run, host = self.run, self.host
         env = host.environment(run.env)  # the resources' tool catalogue
-        self.boundary_tools = env.boundary_before if env is not None else frozenset()
         program_cls = host.program(run.task.agent)
         ctx = RolloutContext(
             run=run,
@@ -220,9 +253,13 @@ class Attempt:
             ms=round((time.perf_counter() - started) * 1000, 3),
         )
 
+    def saved_tools(self) -> int:
+        """The tool calls its last boundary holds: where its tool server keeps the session for a cut."""
+        return len(self.saved().tools) if self.replay is not None else self.mark[1]
+
     def _set_state(self, state: str) -> None:
         self.state = state
-        self.host.state_changed()
+        self.host.state_changed(self)
 
     async def _at_boundary(self) -> None:
         self.host.counts["boundaries"] += 1
@@ -234,9 +271,9 @@ class Attempt:
             self.host.counts["held_at_boundary"] += 1
             self._set_state(AT_BOUNDARY)
             await asyncio.Event().wait()
-        if not self.host.released.is_set():
+        if self.host.held(self):
             self._set_state(AT_BOUNDARY)
-            await self.host.released.wait()
+            await self.host.hold(self)
         self._set_state(RUNNING)
 
     async def _generate(self, index: int, tokens: tuple[int, ...]) -> Generated:
@@ -274,17 +311,17 @@ class Attempt:
         self._start_turn(index, replayed=False)
         self._set_state(AWAITING_MODEL)  # parked at the boundary just passed
         self.host.history.record(_about_call(ModelCallSent, run, index))
-        # A reply, or an error, that arrives mid-checkpoint waits here: the rollout stays parked at its
-        # boundary until resume, so what the snapshot saved is still what the agent holds. (A cancellation
+        # A reply, or an error, that arrives while a checkpoint holds the rollout waits here: it stays
+        # parked at its boundary, so what the cut saves is still what the agent holds. (A cancellation
         # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
         try:
             reply = await self.trace.call(
                 "model", index, self._request(self.host.policy_address, request, staging_key(ck, index))
             )
         except RolloutFailure:
-            await self.host.released.wait()
+            await self.host.hold(self)
             raise
-        await self.host.released.wait()
+        await self.host.hold(self)
         if not isinstance(reply, Generated):
             raise RolloutFailure("policy_error", f"unexpected reply {type(reply).__name__}")
         self.host.history.record(_about_call(ModelReplyReceived, run, index))
@@ -312,6 +349,11 @@ class Attempt:
                 ToolCallReplayed(rollout_id=run.rollout_id, attempt=run.attempt, call_index=index, tool=tool)
             )
             return ToolOutcome(step.ok, dict(step.output))
+        parks = tool in self.boundary_tools
+        if parks:
+            # A boundary right before the call: the session records its state as the call starts, so a
+            # checkpoint keeps this boundary and need not wait for the call (docs/workspace.md).
+            await self._at_boundary()
         call = ToolCall(
             rollout_id=run.rollout_id,
             attempt=run.attempt,
@@ -321,12 +363,8 @@ class Attempt:
             arguments=arguments,
             seed=run.seed,
             epoch=run.epoch,
+            boundary_tools=self.saved_tools(),
         )
-        parks = tool in self.boundary_tools
-        if parks:
-            # A boundary right before the call: the session records its state as the call starts, so a
-            # checkpoint keeps this boundary and need not wait for the call (docs/workspace.md).
-            await self._at_boundary()
         self._set_state(AWAITING_TOOL if parks else IN_TOOL)
         self.host.history.record(
             ToolCallSent(
@@ -339,8 +377,8 @@ class Attempt:
         )
         try:
             reply = await self.trace.call("tool", index, self._request(resources, call, f"{ck}:t{index}"))
-            if parks:  # a reply that arrives mid-checkpoint waits: the rollout stays at its boundary
-                await self.host.released.wait()
+            if parks:  # a reply that arrives while a checkpoint holds it waits: it stays at its boundary
+                await self.host.hold(self)
         finally:
             self._set_state(RUNNING)
         if not isinstance(reply, ToolResult):

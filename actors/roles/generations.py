@@ -2,7 +2,9 @@
 in the policy's state directory across its processes, so the work of a timeline that died (a crash
 after the last snapshot) is still counted when the run is restored and redoes it.
 
-A line is ``<rollout id> <call index>``. Counts are of the newest session of the run (the session tag
+A line is ``<rollout id> <call index>``, the id percent-quoted (``urllib.parse.quote``): the ids parkway
+makes are written as they are, and one from a foreign client (spaces, newlines, any character) cannot
+break a line or the file's ASCII. Counts are of the newest session of the run (the session tag
 of its group ids, ``ids.task_group_id``): a session started afresh starts counting from zero.
 
 The file is append-only between compactions: once it holds many more lines than there are per-turn
@@ -19,6 +21,7 @@ import collections
 import os
 from pathlib import Path
 from typing import TextIO
+from urllib.parse import quote, unquote
 
 import structlog
 from parkway.protocol.ids import parse_group_session, parse_rollout_id
@@ -67,13 +70,13 @@ class GenerationRecords:
                 self._load_totals(number, line)
                 continue
             if line.startswith(FORGOTTEN):
-                self._drop_turns(line[len(FORGOTTEN) :])
+                self._drop_turns(unquote(line[len(FORGOTTEN) :]))
                 continue
             rollout, _, turn = line.partition(" ")
             if not turn.isdigit():  # a line cut short by a crash while it was written
                 log.warning("generation_record_skipped", line=number + 1, text=line[:80])
                 continue
-            self._count(rollout, int(turn))
+            self._count(unquote(rollout), int(turn))
 
     def _load_totals(self, number: int, line: str) -> None:
         fields = line.split()[1:]
@@ -116,7 +119,7 @@ class GenerationRecords:
         dropped = [rollout_id for rollout_id in sorted(rollout_ids) if self._drop_turns(rollout_id)]
         if self._file is not None and dropped:
             # Written too, so a restarted policy does not count them per turn again.
-            self._file.write("".join(f"{FORGOTTEN}{rollout_id}\n" for rollout_id in dropped))
+            self._file.write("".join(f"{FORGOTTEN}{quote(rollout_id)}\n" for rollout_id in dropped))
             self._file.flush()
             self._lines += len(dropped)
 
@@ -132,7 +135,7 @@ class GenerationRecords:
         if self._file is not None:
             # Flushed, not fsynced: a killed process loses nothing the kernel has; a lost machine
             # loses the newest lines of a count that is a report, not state.
-            self._file.write(f"{rollout_id} {turn}\n")
+            self._file.write(f"{quote(rollout_id)} {turn}\n")
             self._file.flush()
             self._lines += 1
             if self._lines > max(COMPACT_MIN_LINES, 4 * len(self.turns)):
@@ -147,7 +150,7 @@ class GenerationRecords:
         repeated_kept = sum(count - 1 for count in self.turns.values())
         lines = [f"{TOTALS} {self.session} {self.total - kept} {self.repeated - repeated_kept}\n"]
         for (rollout_id, turn), count in self.turns.items():
-            lines.extend([f"{rollout_id} {turn}\n"] * count)
+            lines.extend([f"{quote(rollout_id)} {turn}\n"] * count)
         tmp = self._journal.with_suffix(".tmp")
         with tmp.open("w", encoding="ascii") as handle:
             handle.writelines(lines)

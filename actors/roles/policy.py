@@ -1,21 +1,17 @@
-"""The policy model: admission, in-flight calls, held replies, token lineage; engines in Ray actors.
+"""The policy model: in-flight calls, token lineage, weight updates; engines in Ray actors.
 
 Each ``Generate`` is one model call, request id ``<capture key>:<call index>``. Its tokens go to TQ as
 one staging row *before* the reply goes back, so a lost reply never loses the capture.
 
-At a checkpoint the policy closes admission (new calls wait in the queue), lets accepted calls keep
-generating and holds their replies until resume; it never waits for a generation to finish
-(docs/protocol.md#boundaries):
+A checkpoint holds nothing here: the policy's part of a cut is its weights' version (and counters),
+and the calls go on through it. What a rollout's cut needs of its model calls the agents hold
+themselves: a rollout they hold at its boundary keeps a reply that comes meanwhile until the release,
+and one cut mid-round may take its replies (docs/snapshots.md#the-cut). The weights cannot change
+during a snapshot (the controller loads them under its snapshot lock).
 
-- ``close_admission`` closes the gate: calls that have not started generating wait for it to reopen;
-- calls already generating go on; one that finishes while the gate is closed publishes its staging
-  row and then holds its reply;
-- ``wait_until_parked`` returns at once: the policy is parked by construction;
-- ``release`` (Resume, Abort, lease lapse) reopens the gate, which starts the waiting calls and sends
-  the held replies.
-
-A graceful stop leaves calls that wait at the closed gate (not started, or holding a reply) unacked,
-for redelivery; the same request and seed give the same tokens again.
+A weight update closes a gate of its own: new calls wait while it runs, and it waits for the calls
+generating to finish. A graceful stop leaves calls that wait at that gate unacked, for redelivery; the
+same request and seed give the same tokens again.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ import structlog
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
 from parkway.actors.roles.generations import GENERATIONS_FILE, GenerationRecords
-from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.actors.runtime.participant import Cut, ParkReport, Participant
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import GenerationAborted, GenerationFinished, GenerationStarted, Refused
@@ -38,11 +34,11 @@ from parkway.protocol.ids import Role, capture_key, staging_key
 from parkway.protocol.messages import (
     AttemptRef,
     Commit,
-    FileDigest,
     Generate,
     Generated,
     LoadWeights,
     Message,
+    Prepare,
     Restore,
     Retire,
     Rows,
@@ -71,11 +67,8 @@ class Policy(Participant):
         self.pool = EnginePool(self.engine_spec, host=engine_host, replicas=engines)
         self.tq_address = tq_address
         self.policy_version = 0  # set by the controller when weights change; stamped on every call
-        self._admission = asyncio.Event()
-        self._admission.set()
         self._stopping = asyncio.Event()
         self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
-        self._held: set[str] = set()  # request ids whose replies wait for release
         self._restores = 0  # restores installed by this process: calls from before one are dropped
         # A weight update: new calls wait while it runs; it waits for the calls generating to finish.
         self.weights_dir: str | None = None  # None: the weights the engines started with
@@ -92,7 +85,7 @@ class Policy(Participant):
         self.metrics.gauge(
             "parkway_policy_requests_in_flight",
             "Model calls generating or holding their reply for a checkpoint",
-            lambda: len(self._generating) + len(self._held),
+            lambda: len(self._generating),
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -115,7 +108,7 @@ class Policy(Participant):
         restores = self._restores  # a restore while this call waits or generates makes it the dead cluster's
         key = capture_key(call.rollout_id, call.attempt)
         request_id = staging_key(key, call.call_index)  # the key of the staging row this call makes
-        await self.wait_for_gate(request_id, "admission")  # a call not yet generating waits while closed
+        await self.wait_for_weights(request_id)  # a call not yet generating waits while weights load
         self._refuse_retired(attempt, restores)
         # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
         version = max(call.policy_version, self.policy_version)
@@ -174,13 +167,6 @@ class Policy(Participant):
             finish_reason=result.finish_reason,
             policy_version=version,
         )
-        if not self._admission.is_set():  # finished during a checkpoint: hold the reply until release
-            self.counts["replies_held"] += 1
-            self._held.add(request_id)
-            try:
-                await self.wait_for_gate(request_id, "reply")
-            finally:
-                self._held.discard(request_id)
         return Generated(
             rollout_id=call.rollout_id,
             attempt=call.attempt,
@@ -256,11 +242,20 @@ class Policy(Participant):
         """Sealed rollouts' per-turn counts fold into the totals (``generations_repeated`` stays exact)."""
         self.generations.forget({rollout_id for rollout_id, _ in keys})
 
+    def status_fields(self, *, asking: int = 0) -> dict[str, Any]:
+        """``tokens_accrued`` among the counts where the engine keeps it: tokens as they come out, those of
+        calls still generating included (a benchmark's throughput over a window must not hinge on which
+        calls happen to return inside it)."""
+        fields = super().status_fields(asking=asking)
+        accrued = self.pool.tokens_accrued() if self.pool.started else None
+        if accrued is not None:
+            fields["counts"]["tokens_accrued"] = accrued
+        return fields
+
     def structure_sizes(self) -> dict[str, int]:
         return {
             **super().structure_sizes(),
             "generating": len(self._generating),
-            "held": len(self._held),
             "generation_turns": len(self.generations.turns),
         }
 
@@ -278,32 +273,29 @@ class Policy(Participant):
                 f"attempt {attempt[1]} of {attempt[0]}: the cluster was restored while this call waited",
             )
 
-    async def wait_for_gate(self, request_id: str, why: str) -> None:
-        """Return when the gate is open; while stopping, a closed gate cancels the call instead.
-
-        ``why`` is "admission" (the call has not started generating) or "reply" (a held reply).
-        """
-        while not self._admission.is_set() or (why == "admission" and not self._weights_open.is_set()):
+    async def wait_for_weights(self, request_id: str) -> None:
+        """Return when no weight update is loading; while stopping, a closed gate cancels the call."""
+        while not self._weights_open.is_set():
             if self._stopping.is_set():
                 raise asyncio.CancelledError  # left unacked: redelivered to the next policy process
-            gate = self._weights_open if self._admission.is_set() else self._admission
-            opened = asyncio.ensure_future(gate.wait())
+            opened = asyncio.ensure_future(self._weights_open.wait())
             stopping = asyncio.ensure_future(self._stopping.wait())
             try:
                 await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 opened.cancel()
                 stopping.cancel()
+            if self._stopping.is_set():  # (even if the gate opened meanwhile: it was waiting at a stop)
+                raise asyncio.CancelledError
 
     # -- checkpoint hooks ----------------------------------------------------------------------
-    async def close_admission(self) -> None:
-        self._admission.clear()
+    parks_at_once = True
 
-    async def wait_until_parked(self) -> ParkReport:
-        # Never waits for a generation: accepted calls keep generating and their replies are held.
-        return ParkReport(parked=len(self._generating) + len(self._held))
+    def parked_at_once(self, command: Prepare) -> ParkReport:
+        # Never waits for a generation, and holds none: the calls go on through a checkpoint.
+        return ParkReport(parked=len(self._generating))
 
-    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+    def take_cut(self, command: Commit) -> Cut:
         # The policy's own state is its weights' version; the calls in flight are recorded for
         # diagnosis only (their agents re-send them after a restore: same request, same tokens).
         record = {
@@ -314,10 +306,9 @@ class Policy(Participant):
             "policy_version": self.policy_version,
             "weights_dir": self.weights_dir,
             "generating": sorted(self._generating),
-            "held": sorted(self._held),
             "generations": [self.generations.session, self.generations.total, self.generations.repeated],
         }
-        return (self.write_records(directory / "participant.msgpack", [record]),)
+        return Cut(write=lambda directory: (self.write_records(directory / "participant.msgpack", [record]),))
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         # Read first: a snapshot that cannot be read changes nothing here.
@@ -346,20 +337,9 @@ class Policy(Participant):
             self._count_generations()
         return ()
 
-    async def release(self) -> None:
-        self._admission.set()
-
-    @property
-    def admission_open(self) -> bool:
-        return self._admission.is_set()
-
     @property
     def loading_weights(self) -> bool:
         return not self._weights_open.is_set()
-
-    @property
-    def held_replies(self) -> int:
-        return len(self._held)
 
     @property
     def generating(self) -> int:

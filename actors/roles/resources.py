@@ -24,6 +24,7 @@ Tool errors (unknown tool, bad arguments, insufficient funds) are the model's mi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -33,10 +34,11 @@ from typing import Any
 
 import msgspec
 import structlog
-from parkway.actors.roles import long_calls
+from parkway.actors.roles import long_calls, session_cuts
 from parkway.actors.roles.long_calls import SavedBefore
+from parkway.actors.roles.session_cuts import SavedSession, keep_round_copy
 from parkway.actors.runtime.forgetting import AttemptKey
-from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.actors.runtime.participant import Cut, ParkReport, Participant, write_records
 from parkway.actors.sdk.environments import CallAnswer, CallKey, Environment, Record, ToolError
 from parkway.actors.sdk.plugins import Kind, find_environment, installed_names
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -45,7 +47,6 @@ from parkway.protocol.history import (
     MutationApplied,
     SessionOpened,
     SessionReleased,
-    SessionRestored,
     SessionVerified,
 )
 from parkway.protocol.ids import Role
@@ -54,6 +55,7 @@ from parkway.protocol.messages import (
     Commit,
     FileDigest,
     Message,
+    Prepare,
     Restore,
     Retire,
     ToolCall,
@@ -88,6 +90,14 @@ class Session:
     # Restored: the saved ``before`` state, taken instead when the continuing attempt's first call is
     # that call again (its agent saved the boundary before it).
     alternative: SavedBefore | None = None
+    # The session as it was at its agent's boundaries, each taken before the first mutation of the round
+    # that followed one (``keeps_round_copy`` environments), by the boundary's tool calls: what a cut
+    # mid-round saves. The newest few are kept (a rollout runs on once its agent cut it, and its tool
+    # server cuts after), and after the session retires, until it is forgotten (a cut may hold its
+    # rollout at a boundary before the verify).
+    round_copies: dict[int, SavedBefore] = field(default_factory=dict)
+    # The encoded ``SavedSession`` of the last cut and what it was of: reused while nothing changed.
+    encoded: tuple[tuple[int, int, int], bytes] | None = None
 
 
 class Resources(Participant):
@@ -297,6 +307,10 @@ class Resources(Participant):
         if call.tool == VERIFY:
             return self._verify(session, call)
         key = CallKey(call.rollout_id, call.attempt, call.call_index)
+        if call.boundary_tools is not None and session.env.keeps_round_copy():
+            with contextlib.suppress(ToolError):  # an unknown tool mutates nothing: no copy needed
+                if session.env.spec(call.tool).mutates:
+                    keep_round_copy(session, call.boundary_tools)
         try:
             answer = session.env.call(key, call.tool, dict(call.arguments))
         except ToolError as err:
@@ -401,7 +415,9 @@ class Resources(Participant):
         await super().stop()
 
     # -- checkpoints -----------------------------------------------------------------------------
-    async def wait_until_parked(self) -> ParkReport:
+    parks_at_once = True
+
+    def parked_at_once(self, command: Prepare) -> ParkReport:
         """Tool calls are short and handled in one step; a restart-only server reports its sessions
         as restarts instead of making the snapshot wait (they restart from the prompt after a crash)."""
         if self.mode == "restart_only":
@@ -411,9 +427,19 @@ class Resources(Participant):
             return ParkReport(restarts=live)
         return ParkReport(parked=len(self._live))
 
-    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
-        saved = [] if self.mode == "restart_only" else _saved_sessions(self)
-        return (self.write_records(directory / "sessions.msgpack", saved),)
+    def take_cut(self, command: Commit) -> Cut:
+        """Each session of the cut's episodes as it was at its agent's boundary, encoded now (a few
+        microseconds a session, and reused from the last cut while a session did not change): the
+        bytes are the immutable copy, written at Persist."""
+        encoded = [] if self.mode == "restart_only" else session_cuts.cut_sessions(self, command.episodes)
+
+        def write(directory: Path) -> tuple[FileDigest, ...]:
+            raw = [msgspec.Raw(item) for item in encoded]
+            return (
+                write_records(directory / "sessions.msgpack", raw, faults=self.faults, qualifier=self.role),
+            )
+
+        return Cut(write=write)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         """Reopen each saved session under its continuing attempt (the one in the restore's scope)."""
@@ -430,33 +456,12 @@ class Resources(Participant):
             attempt = continuing.get(item.rollout_id)
             if attempt is None:
                 continue  # not continued (finished, or restarted from the prompt): nothing to reopen
-            env_class = self.environment(item.env_name)
-            env = env_class.restore(item.env) if item.env is not None else env_class(item.seed)
-            env.locate(self.files_home)
-            env.bind(item.rollout_id, attempt)
-            if item.env is None:
-                env.reset()  # stateless: the session reopens from its seed, in an external store too
-            self._hold(
-                item.rollout_id,
-                Session(
-                    attempt=attempt,
-                    env=env,
-                    revision=item.revision,
-                    applied=set(item.applied),
-                    alternative=item.before,
-                ),
+            env = session_cuts.reopen(self, item, attempt)
+            revision, applied = item.revision, set(item.applied)
+            session = Session(
+                attempt=attempt, env=env, revision=revision, applied=applied, alternative=item.before
             )
-            self.retired.add((item.rollout_id, item.attempt))  # the saved attempt is fenced here
-            self.counts["sessions_opened"] += 1
-            self.history.record(
-                SessionRestored(
-                    rollout_id=item.rollout_id,
-                    attempt=attempt,
-                    saved_attempt=item.attempt,
-                    revision=item.revision,
-                    applied=tuple(sorted(item.applied)),
-                )
-            )
+            self._hold(item.rollout_id, session)
             restored.append(AttemptRef(rollout_id=item.rollout_id, attempt=attempt))
         return tuple(restored)
 
@@ -485,47 +490,6 @@ class Resources(Participant):
             "sessions_live": len(self._live),
             "sessions_ended": len(self._retired_order),
         }
-
-
-class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
-    """A session as a snapshot keeps it: its environment's state at the agents' boundaries."""
-
-    rollout_id: str
-    attempt: int
-    revision: int
-    env: dict[str, Any] | None  # None in stateless mode: the session reopens from its seed
-    env_name: str
-    seed: int
-    applied: tuple[int, ...] = ()
-    before: SavedBefore | None = None  # the state before its latest boundary_before call (docs/workspace.md)
-
-
-def _saved_sessions(resources: Resources) -> list[SavedSession]:
-    """The sessions to save, sharing their live state: the caller encodes them before any await."""
-    saved = []
-    for rollout_id in sorted(resources._live):  # the live ones only: never every session served
-        session = resources.sessions[rollout_id]
-        revision, applied, before = session.revision, tuple(sorted(session.applied)), session.before
-        exported: dict[str, Any] | None = None
-        if resources.mode == "exported" and before is not None and session.running:
-            # Its boundary_before call is running: the snapshot keeps the session as that call found it
-            # (the directory is the command's meanwhile, and is not read).
-            revision, applied, exported, before = before.revision, before.applied, before.env, None
-        elif resources.mode == "exported":
-            exported = session.env.export(copy_state=False)
-        saved.append(
-            SavedSession(
-                rollout_id=rollout_id,
-                attempt=session.attempt,
-                revision=revision,
-                env=exported,
-                env_name=session.env.name,
-                seed=session.env.seed,
-                applied=applied,
-                before=before if exported is not None else None,
-            )
-        )
-    return saved
 
 
 def parse_record(arguments: dict[str, Any]) -> Record:

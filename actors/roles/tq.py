@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 import structlog
-from parkway.actors.runtime.participant import Participant, write_records
+from parkway.actors.runtime.participant import Cut, Participant, write_records
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Refused, RowSealed, RowStaged, RowUnsealed, SnapshotInstalled
 from parkway.protocol.ids import Role, capture_key, parse_capture_key, parse_staging_key
@@ -56,7 +56,10 @@ def logical_id(key: str) -> str:
 
 
 class TransferStore:
-    """The rows themselves. Pure: the actor wraps it; save/load go to one directory."""
+    """The rows themselves. Pure: the actor wraps it; save/load go to one directory.
+
+    A capture key's rows are a dict that is replaced, never changed in place (a row added makes a new
+    one): a shallow copy of ``staging`` is then a snapshot of every row, which is what a cut takes."""
 
     def __init__(self) -> None:
         self.staging: dict[str, dict[int, StagingRow]] = {}  # capture key -> turn -> row
@@ -68,11 +71,11 @@ class TransferStore:
 
     def add(self, row: StagingRow) -> bool:
         """Store one staging row; False for a duplicate delivery of a row already stored."""
-        turns = self.staging.setdefault(row.capture_key, {})
+        turns = self.staging.get(row.capture_key, {})
         if row.turn in turns:
             self.duplicates += 1
             return False
-        turns[row.turn] = row
+        self.staging[row.capture_key] = {**turns, row.turn: row}  # replaced: a cut may hold the old one
         logical = logical_id(row.capture_key)
         self.keys.setdefault(logical, set()).add(row.capture_key)
         lineage = (logical, row.turn)
@@ -168,6 +171,15 @@ class TransferStore:
         """Turn generations repeated for the same logical rollout and turn (work a recovery threw away)."""
         return self.regenerated
 
+    def frozen(self) -> TransferStore:
+        """A copy that shares every row and that nothing changes: what a cut holds until it is written
+        (shallow copies of three dicts; the rows of a capture key are never changed in place)."""
+        copy = TransferStore()
+        copy.staging = dict(self.staging)
+        copy.canonical = dict(self.canonical)
+        copy.generations = collections.Counter(self.generations)
+        return copy
+
     def save(
         self, directory: Path, write: Callable[[Path, list[Any]], FileDigest] = write_records
     ) -> tuple[FileDigest, ...]:
@@ -214,6 +226,7 @@ class TransferQueue(Participant):
     # a cached copy (about 7 KB a group) was never read again, and it filled TQ's reply cache to its
     # byte bound in the 100,000-rollout soak.
     queries = (*Participant.queries, FetchRows)
+    parks_at_once = True  # nothing to park: its Prepare and Commit go out back to back, on its data lane
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -303,8 +316,11 @@ class TransferQueue(Participant):
             "staging_keys": len(self.store.keys),
         }
 
-    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
-        return self.store.save(directory, write=self.write_records)
+    def take_cut(self, command: Commit) -> Cut:
+        """Every row at this instant. The controller sends this Commit on the data lane, behind the rows
+        already sent here: the rows the agents' cuts refer to were sent before those agents prepared."""
+        frozen = self.store.frozen()
+        return Cut(write=lambda directory: frozen.save(directory, write=self.write_records))
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         self.store = TransferStore.load(directory)

@@ -52,6 +52,7 @@ class PolicyConfig(_Section, frozen=True):
     host: Literal["ray", "inline"] = "ray"
     engines: int = 1
     per_token_delay_s: float = 0.0  # deterministic engine: simulated time per token
+    cpu_per_token_s: float = 0.0  # deterministic engine: CPU spent per token (a busy loop; same tokens)
     # vLLM: a model directory (``parkway model build DIR`` makes a tiny one), and its engine settings.
     model: str | None = None
     max_model_len: int = 2048
@@ -255,6 +256,8 @@ def check(config: RunConfig) -> None:
         problems.append("trainer.resend_s: must be > 0")
     if config.policy.per_token_delay_s < 0:
         problems.append("policy.per_token_delay_s: must be >= 0")
+    if config.policy.cpu_per_token_s < 0:
+        problems.append("policy.cpu_per_token_s: must be >= 0")
     if config.resources.tool_delay_s < 0:
         problems.append("resources.tool_delay_s: must be >= 0")
     if config.snapshot_interval_s <= 0 or config.prepare_timeout_s <= 0:

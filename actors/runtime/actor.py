@@ -1,6 +1,8 @@
-"""The actor runtime: one queue, typed handlers, cached replies, signatures, logs, graceful stop.
+"""The actor runtime: two lanes, typed handlers, cached replies, signatures, logs, graceful stop.
 
-What happens to every delivery, in order:
+An actor consumes both lanes of its address (``brokers.base.Lane``), the data lane with ``prefetch``
+and the control lane with ``control_prefetch``, through the same pipeline: a message is handled the
+same whichever lane it came on. What happens to every delivery, in order:
 
 1. the body's size is checked (``invalid_message`` over ``PARKWAY_MAX_BODY_BYTES``, 16 MiB by
    default), the signature, its destination (this actor's address) and the sender's right to send
@@ -55,9 +57,10 @@ from parkway.brokers.base import (
     REQUEST_ID_HEADER,
     Broker,
     BrokerError,
-    Consumer,
     Delivery,
     Envelope,
+    Lane,
+    LaneConsumers,
     UnreachableReplyAddress,
 )
 from parkway.protocol import codec
@@ -66,6 +69,7 @@ from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Started
 from parkway.protocol.ids import actor_address, validate_name
 from parkway.protocol.messages import (
+    DURABLE_REPLIES,
     Capabilities,
     ControlCommand,
     Discover,
@@ -98,7 +102,8 @@ class Actor:
     """Base of every role. Subclasses set ``role`` and add handlers in ``__init__``."""
 
     role: ClassVar[str] = "actor"
-    prefetch: int = 32  # deliveries in flight at once; a role sets its own, an instance may raise it
+    prefetch: int = 32  # data deliveries in flight at once; a role sets its own, an instance may raise it
+    control_prefetch: int = 64  # control commands in flight at once, beside the data lane's
     queries: ClassVar[tuple[type[Message], ...]] = QUERIES  # a role adds its own read-only messages
 
     def __init__(
@@ -143,7 +148,7 @@ class Actor:
             Probe: self.on_probe,
             MemoryReport: functools.partial(memory.answer, self),  # runtime/memory.py
         }
-        self._consumer: Consumer | None = None
+        self._consumers: LaneConsumers | None = None
         self._stopped = asyncio.Event()
         self._probe_log = state_dir / "probe.log" if state_dir else None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -161,7 +166,8 @@ class Actor:
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         await self.broker.declare(self.address)
-        self._consumer = await self.broker.consume(self.address, self._on_delivery, prefetch=self.prefetch)
+        prefetch = {Lane.DATA: self.prefetch, Lane.CONTROL: self.control_prefetch}
+        self._consumers = await self.broker.consume_lanes(self.address, self._on_delivery, prefetch=prefetch)
         self._heartbeat = asyncio.get_running_loop().create_task(heartbeat.beat(self))
         memory.attach(self)  # SIGUSR2 logs its memory report; PARKWAY_TRACEMALLOC traces from boot
         with structlog.contextvars.bound_contextvars(**self.log_context()):
@@ -176,13 +182,13 @@ class Actor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
             self._heartbeat = None
-        if self._consumer is not None:
-            self._consumer.pause()
+        if self._consumers is not None:
+            self._consumers.pause()  # both lanes
             with structlog.contextvars.bound_contextvars(**self.log_context()):
-                log.info("actor_stopping", in_flight=self._consumer.in_flight)
-            await self._consumer.drain()
-            await self._consumer.cancel()
-            self._consumer = None
+                log.info("actor_stopping", in_flight=self._consumers.in_flight)
+            await self._consumers.drain()
+            await self._consumers.cancel()
+            self._consumers = None
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             log.info("actor_stopped", handled=self.handled)
         self._stopped.set()
@@ -192,7 +198,7 @@ class Actor:
 
     @property
     def in_flight(self) -> int:
-        return self._consumer.in_flight if self._consumer else 0
+        return self._consumers.in_flight if self._consumers else 0
 
     # -- the delivery pipeline -----------------------------------------------------------------
     async def _on_delivery(self, delivery: Delivery) -> None:
@@ -284,9 +290,11 @@ class Actor:
         remember = (
             reply is not None and failure is None and not (isinstance(reply, Error) and reply.retryable)
         )
-        # Control replies are journaled (fsync) to survive a crash; data replies are cached in memory only,
-        # their effects are made idempotent by their own keys (call index, tool-call key).
-        self.replies.finish(key, content, remember=remember, durable=isinstance(message, ControlCommand))
+        # Replies of commands whose effect survives a crash are journaled (fsync); every other reply is
+        # cached in memory only (``messages.DURABLE_REPLIES``): data messages' effects are idempotent by
+        # their own keys (call index, tool-call key), and a control command's in-memory effect dies with
+        # the process, so a new process must handle its redelivery afresh.
+        self.replies.finish(key, content, remember=remember, durable=isinstance(message, DURABLE_REPLIES))
         self.handled += 1
         self.counts[key[1]] += 1
         if isinstance(reply, Error):
@@ -479,20 +487,20 @@ class Actor:
     async def on_probe(self, probe: Probe) -> Message:
         if probe.work_s:
             await asyncio.sleep(probe.work_s)
-        executions = 1
-        if self._probe_log is not None:
-            # The effect is the journal line; its reply is cached, so a redelivery does not repeat it.
-            self._probe_log.parent.mkdir(parents=True, exist_ok=True)
-            with open(self._probe_log, "a") as handle:
-                handle.write(f"{probe.checkpoint_id} {os.getpid()}\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            executions = sum(
-                1
-                for line in self._probe_log.read_text().splitlines()
-                if line.split()[0] == probe.checkpoint_id
-            )
+        executions = 1 if self._probe_log is None else journal_probe(self._probe_log, probe.checkpoint_id)
         return ProbeResult(pid=os.getpid(), executions=executions, note=probe.note)
+
+
+def journal_probe(path: Path, checkpoint_id: str) -> int:
+    """Append this execution of probe ``checkpoint_id`` to the journal at ``path`` (fsynced); how many
+    times it was executed, this one included. The effect is the journal line; the probe's reply is
+    cached, so a redelivery does not repeat it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        handle.write(f"{checkpoint_id} {os.getpid()}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return sum(1 for line in path.read_text().splitlines() if line.split()[0] == checkpoint_id)
 
 
 def reply_envelope(client: Client, request: Envelope, content: bytes) -> Envelope:

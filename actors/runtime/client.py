@@ -3,22 +3,30 @@
 A ``Client`` turns typed messages into envelopes signed for their destination and signed envelopes
 back into typed messages: a request is accepted only if it was signed for this address by a role
 allowed to send it, a reply only if it was signed for this client by the address the request went to.
+
+Each message goes on a lane of its destination (``brokers.base.Lane``), by default the one of its type
+(``lane_of``): every control command on the control lane, so that it never waits behind the data
+queued for that actor, and everything else on the data lane. A sender may name the lane instead: a
+control command sent on the data lane is handled after every data message queued there before it
+(TQ's capture at a snapshot is sent so, to hold every row already on its way to TQ). The receiver
+handles a message the same on either lane.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 
 import structlog
 from parkway.actors.runtime import tracing
 from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.settings import max_body_bytes
-from parkway.brokers.base import Broker, BrokerError, Envelope
+from parkway.brokers.base import Broker, BrokerError, Envelope, Lane, SentRequest
 from parkway.protocol import codec
 from parkway.protocol.authorization import address_role, request_refusal, sender_refusal, signing_role
 from parkway.protocol.errors import ErrorCode, ProtocolError
-from parkway.protocol.messages import ControlCommand, Error, Message
+from parkway.protocol.messages import DURABLE_REPLIES, ControlCommand, Error, Message
 from parkway.protocol.signing import (
     KEY_HEADER,
     MESSAGE_ID_HEADER,
@@ -32,6 +40,27 @@ from parkway.protocol.signing import (
 
 log = structlog.get_logger("parkway.client")
 SEND_RETRY_FIRST_S, SEND_RETRY_MAX_S = 0.25, 4.0  # the pause before a publish is tried again
+MAX_CORRELATION_ID_BYTES = 255  # an AMQP short string
+
+
+@dataclass(frozen=True)
+class SentCall:
+    """A request the broker has; ``reply`` is its typed answer (checked as ``Client.request`` checks it)."""
+
+    client: Client
+    address: str
+    sent: SentRequest
+
+    async def reply(self) -> Message:
+        return self.client.open_reply(await self.sent.reply(), requested=self.address)
+
+
+def lane_of(message: Message, lane: Lane | None = None) -> Lane:
+    """The lane ``message`` travels on: ``lane`` when given, else its type's (control commands on the
+    control lane, every other message on the data lane)."""
+    if lane is not None:
+        return lane
+    return Lane.CONTROL if isinstance(message, ControlCommand) else Lane.DATA
 
 
 def signed_envelope(
@@ -142,6 +171,12 @@ class Client:
         persistent: bool = True,
     ) -> Envelope:
         """An envelope around ``body`` as it is, signed: ``envelope`` for bytes already encoded."""
+        if len(correlation_id.encode("utf-8", "surrogatepass")) > MAX_CORRELATION_ID_BYTES:
+            # The broker carries at most this many: refused here, typed, not failed in the transport.
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"correlation id of {message_type} is longer than {MAX_CORRELATION_ID_BYTES} bytes",
+            )
         return signed_envelope(
             self.keyring,
             body,
@@ -230,13 +265,16 @@ class Client:
         correlation_id: str,
         persistent: bool = True,
         retry_for_s: float = 0.0,
+        lane: Lane | None = None,
     ) -> None:
-        """Publish ``message`` to ``address``. With ``retry_for_s``, a publish the broker cannot take (a
-        broker restarting, a channel reopening) is tried again, backing off, for that long before its
-        ``BrokerError`` is raised: for one-way messages whose receiver deduplicates them by id."""
+        """Publish ``message`` to ``address``, on ``lane`` (None: its type's, ``lane_of``). With
+        ``retry_for_s``, a publish the broker cannot take (a broker restarting, a channel reopening) is
+        tried again, backing off, for that long before its ``BrokerError`` is raised: for one-way
+        messages whose receiver deduplicates them by id."""
         envelope = self.envelope(message, correlation_id=correlation_id, to=address, persistent=persistent)
+        on = lane_of(message, lane)
         await retrying(
-            lambda: self.broker.publish(address, envelope),
+            lambda: self.broker.publish(address, envelope, lane=on),
             retry_on=BrokerError,
             for_s=retry_for_s,
             first_s=SEND_RETRY_FIRST_S,
@@ -255,19 +293,58 @@ class Client:
         deadline: float | None = None,
         timeout: float = 10.0,
         content_type: str = codec.MSGPACK,
+        lane: Lane | None = None,
     ) -> Message:
-        """Send and wait for the typed reply. ``Error`` replies are returned, not raised."""
+        """Send on ``lane`` (None: the message type's, ``lane_of``) and wait for the typed reply.
+        ``Error`` replies are returned, not raised."""
+        sent = await self.send_request(
+            address,
+            message,
+            correlation_id=correlation_id,
+            deadline=deadline,
+            timeout=timeout,
+            content_type=content_type,
+            lane=lane,
+        )
+        return await sent.reply()
+
+    async def send_request(
+        self,
+        address: str,
+        message: Message,
+        *,
+        correlation_id: str | None = None,
+        deadline: float | None = None,
+        timeout: float = 10.0,
+        content_type: str = codec.MSGPACK,
+        lane: Lane | None = None,
+    ) -> SentCall:
+        """Send as ``request`` does, returning once the broker has it; ``SentCall.reply`` waits for
+        the typed reply. Several can go out before any reply is awaited."""
         if isinstance(message, ControlCommand):
             correlation_id = message.checkpoint_id
             deadline = message.deadline if deadline is None else deadline
         if correlation_id is None:
             raise ValueError("a data request needs a correlation id")
-        reply = await self.broker.request(
+        # A control command whose effect dies with its process is not persisted by the broker: a
+        # persistent message is confirmed only once the broker wrote it to disk (milliseconds, inside a
+        # snapshot's window), and one that a broker restart kept would only be a stale command later
+        # (its sender has given up and will resend). One whose effect outlives the process (files
+        # written, a journal line) is kept like data: redelivered, its journaled reply answers it.
+        persistent = not isinstance(message, ControlCommand) or isinstance(message, DURABLE_REPLIES)
+        sent = await self.broker.send_request(
             address,
-            self.envelope(message, correlation_id=correlation_id, to=address, content_type=content_type),
+            self.envelope(
+                message,
+                correlation_id=correlation_id,
+                to=address,
+                content_type=content_type,
+                persistent=persistent,
+            ),
             deadline=deadline if deadline is not None else time.time() + timeout,
+            lane=lane_of(message, lane),
         )
-        return self.open_reply(reply, requested=address)
+        return SentCall(self, address, sent)
 
     async def call(
         self,
@@ -278,6 +355,7 @@ class Client:
         deadline: float | None = None,
         timeout: float = 10.0,
         content_type: str = codec.MSGPACK,
+        lane: Lane | None = None,
     ) -> Message:
         """Like ``request`` but raises ``ProtocolError`` for an ``Error`` reply."""
         reply = await self.request(
@@ -287,6 +365,7 @@ class Client:
             deadline=deadline,
             timeout=timeout,
             content_type=content_type,
+            lane=lane,
         )
         if isinstance(reply, Error):
             raise ProtocolError(reply.code, reply.detail)

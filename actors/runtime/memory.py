@@ -37,6 +37,7 @@ TRACEMALLOC_ENV = "PARKWAY_TRACEMALLOC"
 SIGNAL_TOP = 25  # allocation sites a SIGUSR2 report logs
 _IGNORED = (tracemalloc.__file__, "<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 _live: list[Actor] = []  # the actors of this process a SIGUSR2 reports on
+_handled_on: asyncio.AbstractEventLoop | None = None  # the loop whose SIGUSR2 handler is installed
 
 
 def tracemalloc_frames(environ: Mapping[str, str] | None = None) -> int:
@@ -123,16 +124,22 @@ def attach(actor: Actor) -> None:
     frames = tracemalloc_frames()
     if frames and not tracemalloc.is_tracing():
         tracemalloc.start(frames)
-    if not _live:
-        # Only the main thread's loop takes signal handlers; elsewhere (an embedded test) there is none.
+    global _handled_on
+    loop = asyncio.get_running_loop()
+    if _handled_on is not loop:
+        # Once per loop (an actor left attached by a loop that ended must not leave the next one with
+        # no handler). Only the main thread's loop takes signal handlers; elsewhere there is none.
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError, AttributeError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, log_reports)
+            loop.add_signal_handler(signal.SIGUSR2, log_reports)
+            _handled_on = loop
     _live.append(actor)
 
 
 def detach(actor: Actor) -> None:
+    global _handled_on
     with contextlib.suppress(ValueError):
         _live.remove(actor)
     if not _live:
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError, AttributeError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR2)
+        _handled_on = None

@@ -4,10 +4,14 @@ Roles that take part in snapshots (agent, resources, policy, tq) subclass ``Part
 the hooks; the command handling, fencing, reply caching and the lease are the same for all of them:
 
 - ``close_admission``   at Prepare: stop taking new work (queued work waits, accepted work goes on);
-- ``wait_until_parked`` at Prepare: return when every rollout is at a boundary (event driven);
-- ``write_snapshot``    at Commit: write records under the snapshot directory, return their digests;
+- ``wait_until_parked`` at Prepare: return when the cut can be taken (event driven);
+- ``take_cut``          at Commit: an immutable in-memory copy of what the snapshot keeps, and how to
+                        write it; no I/O, no await (it is inside the admission-closed window);
 - ``install_snapshot``  at Restore: load records, return the attempts restored;
 - ``release``           at Resume, Abort and lease lapse: reopen admission and release held replies.
+
+The cut is written at ``Persist``, which the controller sends after admission reopened: the encoding,
+writing and fsyncs run in a worker thread, outside the pause (``protocol/cuts.py`` is the cut's life).
 
 A participant whose lease lapses (no Renew, no Resume) resumes itself after the grace period, so one
 lost Resume holds it seconds, not minutes.
@@ -22,15 +26,17 @@ import hashlib
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import structlog
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.forgetting import AttemptKey, Fence, forget_fence_size
+from parkway.protocol.cuts import CutTable
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import AttemptsFenced, PhaseChanged
 from parkway.protocol.layout import participant_parts
@@ -42,10 +48,13 @@ from parkway.protocol.messages import (
     Commit,
     Committed,
     Discover,
+    EpisodeRef,
     FileDigest,
     Forget,
     Message,
     Ok,
+    Persist,
+    Persisted,
     Prepare,
     Prepared,
     Renew,
@@ -75,10 +84,25 @@ class ParkReport:
     boundaries_passed: int = 0
     restarts: tuple[AttemptRef, ...] = ()
     waited_s: float = 0.0  # time spent waiting for rollouts to reach a boundary
+    episodes: tuple[EpisodeRef, ...] = ()  # an agent's cut, taken where its rollouts parked
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What a Commit took. ``write`` runs in a worker thread after the window, so it may encode and
+    fsync at leisure, but it reads only what the cut holds: immutable values, or copies made at the
+    cut, never a structure the event loop goes on changing."""
+
+    write: Callable[[Path], tuple[FileDigest, ...]]
+    episodes: tuple[EpisodeRef, ...] = ()
 
 
 class Participant(Actor):
     mode: str = "exported"  # exported | stateless | restart_only
+    # A role with nothing to park answers Prepare in the same step of the event loop it got it in
+    # (``parked_at_once``), so a Commit sent right behind it on the same lane finds it prepared: the
+    # controller need not wait for the one to send the other.
+    parks_at_once: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -104,12 +128,15 @@ class Participant(Actor):
         self._release_pending: set[str] = set()  # resumed ids whose release waits for the reply
         self._lease_task: asyncio.Task[None] | None = None
         self._phase_since = time.monotonic()  # when the current phase began, for parkway_phase_seconds
+        self.cuts: CutTable[Cut] = CutTable()  # taken at Commit, written at Persist
+        self._prepared: dict[str, Prepared] = {}  # the answer of the checkpoint that is prepared here
         self.metrics.timed_phases()
         self.handlers.update(
             {
                 Prepare: self.on_prepare,
                 Renew: self.on_renew,
                 Commit: self.on_commit,
+                Persist: self.on_persist,
                 Resume: self.on_resume,
                 Abort: self.on_abort,
                 Restore: self.on_restore,
@@ -122,17 +149,28 @@ class Participant(Actor):
     async def close_admission(self) -> None:
         """Stop admitting new work for the checkpoint."""
 
-    async def wait_until_parked(self) -> ParkReport:
+    async def wait_until_parked(self, command: Prepare) -> ParkReport:
         return ParkReport()
 
-    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+    def parked_at_once(self, command: Prepare) -> ParkReport:
+        """What a role that ``parks_at_once`` reports: no await, no waiting."""
+        return ParkReport()
+
+    def take_cut(self, command: Commit) -> Cut:
+        """The cut: copies of what the snapshot keeps, taken now, written later (``Cut.write``). It runs
+        inside the window, in one step of the event loop: no I/O, no await. The default keeps only this
+        participant's own record."""
         record = {
             "role": self.role,
             "replica": self.replica,
             "checkpoint_id": command.checkpoint_id,
             "episodes": [msgspec.to_builtins(e) for e in command.episodes],
         }
-        return (self.write_records(directory / "participant.msgpack", [record]),)
+        return Cut(write=lambda directory: (self.write_records(directory / "participant.msgpack", [record]),))
+
+    async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
+        """Take the cut and write it at once (tools and tests that want a participant's files now)."""
+        return self.take_cut(command).write(directory)
 
     def write_records(self, path: Path, records: list[Any]) -> FileDigest:
         """``write_records`` with this participant's ``commit_write`` fault point armed."""
@@ -156,6 +194,7 @@ class Participant(Actor):
             "forgotten": len(self.forgotten),
             "forget_pending": len(self._forget_pending),
             "checkpoints_ended": len(self._ended),
+            "cuts_held": self.cuts.holding(),
         }
 
     # -- status --------------------------------------------------------------------------------
@@ -197,58 +236,62 @@ class Participant(Actor):
         if not retry:
             self._apply(Event.PREPARE, cid, command.deadline)
             self._ended[cid] = asyncio.Event()
+            self._prepared.clear()
             await self.close_admission()
         if self.phases.phase is Phase.PREPARED:
-            return Prepared(checkpoint_id=cid)
-        ended = self._ended.setdefault(cid, asyncio.Event())
-        parked = asyncio.ensure_future(self.wait_until_parked())
-        end_wait = asyncio.ensure_future(ended.wait())
-        try:
-            # Answer a little before the deadline, so "not parked yet" reaches the controller in time.
-            remaining = command.deadline - time.time()
-            timeout = max(0.0, remaining - min(REPLY_MARGIN_S, 0.1 * remaining))
-            done, _ = await asyncio.wait(
-                {parked, end_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            end_wait.cancel()
-        if parked not in done:
-            parked.cancel()
-            if end_wait in done or ended.is_set():
-                raise ProtocolError(ErrorCode.STALE_CHECKPOINT, f"{cid} ended while preparing")
-            raise ProtocolError(ErrorCode.DEADLINE_EXCEEDED, f"not parked before the deadline of {cid}")
-        report = parked.result()
+            return self._prepared.get(cid, Prepared(checkpoint_id=cid))
+        if self.parks_at_once:
+            report = self.parked_at_once(command)
+        else:
+            report = await wait_parked(self, command, self._ended.setdefault(cid, asyncio.Event()))
         self._apply(Event.PARKED, cid, None)
         log.info("prepared", parked=report.parked, restarts=len(report.restarts))
-        return Prepared(
+        prepared = Prepared(
             checkpoint_id=cid,
             parked=report.parked,
             boundaries_passed=report.boundaries_passed,
             restarts=report.restarts,
             waited_s=report.waited_s,
+            episodes=report.episodes,
         )
+        self._prepared[cid] = prepared  # a Prepare sent again gets the same cut
+        return prepared
 
     async def on_renew(self, command: Renew) -> Message:
         self._apply(Event.RENEW, command.checkpoint_id, command.deadline)
         return Ok(detail=f"lease until {self.phases.lease_expires_at}")
 
     async def on_commit(self, command: Commit) -> Message:
-        # Check first, write, then move: a commit refused for its phase writes nothing.
+        # Check first, take the cut, then move: a commit refused for its phase takes nothing.
         self.phases.check(Event.COMMIT, command.checkpoint_id, now=time.time(), deadline=command.deadline)
+        self.participant_dir(command.location)  # refused now, not at Persist, if it leads elsewhere
+        cut = self.take_cut(command)
+        self.cuts.take(command.checkpoint_id, cut)
+        self._apply(Event.COMMIT, command.checkpoint_id, command.deadline)
+        log.info("committed", episodes=len(cut.episodes or command.episodes))
+        return Committed(checkpoint_id=command.checkpoint_id, episodes=cut.episodes or command.episodes)
+
+    async def on_persist(self, command: Persist) -> Message:
+        """Write the cut this id's Commit took, in a worker thread: the rollouts run meanwhile."""
+        cid = command.checkpoint_id
         directory = self.participant_dir(command.location)
+        cut = self.cuts.persist(cid)
         try:
-            files = await self.write_snapshot(directory, command)
+            files = await asyncio.to_thread(cut.write, directory)
         except OSError as exc:
             # A write that failed (disk full, I/O error) leaves nothing half-written behind; the
             # controller aborts the snapshot under this id and the previous one stays authoritative.
+            if self.cuts.phase(cid) is not None:  # (not aborted while it was written)
+                self.cuts.failed(cid)
             shutil.rmtree(directory, ignore_errors=True)
-            log.warning("commit_failed", error=str(exc), errno=errno_name(exc))
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE, f"commit of {command.checkpoint_id} failed: {exc}"
-            ) from exc
-        self._apply(Event.COMMIT, command.checkpoint_id, command.deadline)
-        log.info("committed", files=len(files), episodes=len(command.episodes))
-        return Committed(checkpoint_id=command.checkpoint_id, files=files, episodes=command.episodes)
+            log.warning("persist_failed", error=str(exc), errno=errno_name(exc))
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"persist of {cid} failed: {exc}") from exc
+        if self.cuts.phase(cid) is None:  # aborted while it was written: the files are moot
+            shutil.rmtree(directory, ignore_errors=True)
+            raise ProtocolError(ErrorCode.STALE_CHECKPOINT, f"{cid} was aborted while its cut was written")
+        self.cuts.written(cid)
+        log.info("persisted", files=len(files))
+        return Persisted(checkpoint_id=cid, files=files)
 
     async def on_resume(self, command: Resume) -> Message:
         # A resume needs no deadline check: releasing is always safe and always wanted.
@@ -269,11 +312,17 @@ class Participant(Actor):
                 await self.release()
 
     async def on_abort(self, command: Abort) -> Message:
+        # A cut taken (or being written) for this id is let go: the snapshot will not be published. It
+        # may come after the id ended here (resumed): a snapshot that fails once admission reopened.
+        dropped = self.cuts.drop(command.checkpoint_id)
         transition = self._apply(Event.ABORT, command.checkpoint_id, None)
         if transition.outcome is Outcome.MOVED:
             log.warning("aborted", reason=command.reason, phase_before=transition.before.value)
             await self._end(command.checkpoint_id)
             return Ok(detail=f"aborted in phase {transition.before.value}")
+        if dropped:
+            log.warning("aborted", reason=command.reason, phase_before=transition.before.value, cut="dropped")
+            return Ok(detail="aborted: its cut dropped")
         if transition.outcome is Outcome.FENCED:
             self._ended.setdefault(command.checkpoint_id, asyncio.Event()).set()
             return Ok(detail="fenced: that id can no longer start here")
@@ -439,6 +488,26 @@ class Participant(Actor):
                             PhaseChanged(checkpoint_id=transition.checkpoint_id, event="lapse", after="idle")
                         )
                         await self._end(transition.checkpoint_id)
+
+
+async def wait_parked(participant: Participant, command: Prepare, ended: asyncio.Event) -> ParkReport:
+    """``wait_until_parked``, bounded by the command's deadline and by the id's end (an Abort)."""
+    cid = command.checkpoint_id
+    parked = asyncio.ensure_future(participant.wait_until_parked(command))
+    end_wait = asyncio.ensure_future(ended.wait())
+    try:
+        # Answer a little before the deadline, so "not parked yet" reaches the controller in time.
+        remaining = command.deadline - time.time()
+        timeout = max(0.0, remaining - min(REPLY_MARGIN_S, 0.1 * remaining))
+        done, _ = await asyncio.wait({parked, end_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        end_wait.cancel()
+    if parked not in done:
+        parked.cancel()
+        if end_wait in done or ended.is_set():
+            raise ProtocolError(ErrorCode.STALE_CHECKPOINT, f"{cid} ended while preparing")
+        raise ProtocolError(ErrorCode.DEADLINE_EXCEEDED, f"not parked before the deadline of {cid}")
+    return parked.result()
 
 
 def errno_name(exc: OSError) -> str | None:

@@ -85,6 +85,19 @@ class Environment:
     # a boundary right before sending one and counts as parked while it runs, so a checkpoint does not
     # wait for it; the snapshot keeps the session as it was when the call started.
     boundary_before: ClassVar[frozenset[str]] = frozenset()
+    # Whether the tool server may keep a copy of a session as it was at the agent's last boundary
+    # while a tool round runs (``export()`` before the round's first mutation): a snapshot then cuts
+    # such a rollout mid-round, at that boundary, and never waits for its tool calls. None: yes when the
+    # state lives in the process (a copy of a small dict); an environment whose export is costly or
+    # reads an outside store says False, or True if its export is a cheap copy (docs/environments.md).
+    round_copies: ClassVar[bool | None] = None
+
+    @classmethod
+    def keeps_round_copy(cls) -> bool:
+        """Whether a snapshot may cut its sessions mid-round (``round_copies``); else it waits for them."""
+        if cls.round_copies is not None:
+            return cls.round_copies
+        return cls.state_lives_in == "process" and "export" not in _own_overrides(cls)
 
     @classmethod
     def exports_state(cls) -> bool:
@@ -226,6 +239,16 @@ class Environment:
 
 # ---------------------------------------------------------------------------------------------
 # Argument checking
+
+
+def _own_overrides(cls: type[Environment]) -> set[str]:
+    """Names the classes between ``cls`` and ``Environment`` define themselves."""
+    return {
+        name
+        for k in cls.__mro__
+        if k is not Environment and issubclass(k, Environment)
+        for name in k.__dict__
+    }
 
 
 def _subclass_named(name: str) -> type[Environment] | None:

@@ -43,6 +43,8 @@ from parkway.protocol.messages import (
     Error,
     FetchRows,
     Ok,
+    Persist,
+    Persisted,
     Prepare,
     Prepared,
     Probe,
@@ -348,6 +350,10 @@ async def test_a_run_directory_that_is_itself_a_link_is_fine(tmp_path: Path) -> 
             "resources/0", Commit(checkpoint_id="ck-1", deadline=soon(), location="tmp_ck-1")
         )
         assert isinstance(committed, Committed)
+        persisted = await client.request(
+            "resources/0", Persist(checkpoint_id="ck-1", deadline=soon(), location="tmp_ck-1")
+        )
+        assert isinstance(persisted, Persisted)
         assert (elsewhere / "tmp_ck-1" / "participants" / "resources" / "0" / "sessions.msgpack").is_file()
         await actor.stop()
 

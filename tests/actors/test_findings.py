@@ -20,6 +20,7 @@ from parkway.actors.roles.controller.controller import RunSummary, SetupError, S
 from parkway.actors.runtime.participant import ParkReport
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import AttemptsFenced, Dispatched
+from parkway.protocol.messages import Prepare
 from parkway.protocol.snapshot import episode_mismatch
 
 from tests.support.embedded import embedded_run
@@ -70,11 +71,11 @@ async def test_a_transient_participant_error_is_retried_not_fatal(tmp_path: Path
     failures = {"left": 2}
     original = Agent.wait_until_parked
 
-    async def flaky(self: Agent) -> ParkReport:
+    async def flaky(self: Agent, command: Prepare) -> ParkReport:
         if failures["left"] > 0:
             failures["left"] -= 1
             raise ProtocolError(ErrorCode.UNAVAILABLE, "injected 500")
-        return await original(self)
+        return await original(self, command)
 
     monkeypatch.setattr(Agent, "wait_until_parked", flaky)
     summary = await run(tmp_path)
@@ -85,7 +86,7 @@ async def test_a_transient_participant_error_is_retried_not_fatal(tmp_path: Path
 async def test_transient_failures_in_a_row_end_the_run_only_when_configured(
     tmp_path: Path, monkeypatch
 ) -> None:
-    async def always(self: Agent) -> ParkReport:
+    async def always(self: Agent, command: Prepare) -> ParkReport:
         raise ProtocolError(ErrorCode.UNAVAILABLE, "injected 500")
 
     monkeypatch.setattr(Agent, "wait_until_parked", always)
@@ -178,9 +179,9 @@ async def test_the_stall_watchdog_does_not_count_parked_time(tmp_path: Path, mon
 
     original = Agent.wait_until_parked
 
-    async def slow_to_park(self: Agent) -> ParkReport:
+    async def slow_to_park(self: Agent, command: Prepare) -> ParkReport:
         await asyncio.sleep(0.8)  # every snapshot keeps the rollouts parked longer than the stall timeout
-        return await original(self)
+        return await original(self, command)
 
     monkeypatch.setattr(Agent, "wait_until_parked", slow_to_park)
     summary = await run(
@@ -302,9 +303,11 @@ async def test_a_restore_fences_the_restored_ledgers_dead_attempts(tmp_path: Pat
 
     record_history(monkeypatch, tmp_path)
     faults = {"fail_attempts": ["t0000_g1@0:0"]}  # attempt 0 fails at its first turn, attempt 1 redoes it
+    # Slow enough for three snapshots: the rollouts run on while each is written and published.
+    slower = {"host": "inline", "per_token_delay_s": 0.001}
     with pytest.raises(SimulatedCrash):
-        await run(tmp_path, stop_after=3, faults=faults)
-    summary = await run(tmp_path, faults=faults)
+        await run(tmp_path, stop_after=3, faults=faults, policy=slower)
+    summary = await run(tmp_path, faults=faults, policy=slower)
     assert summary.restores == 1 and summary.rollouts_sealed == 6
     [fenced] = [r for r in read_history(tmp_path / "history" / "findings") if r.kind == "fenced"]
     assert ["t0000_g1", 0] in fenced.fields["attempts"]  # failed before the snapshot: fenced again
@@ -433,7 +436,6 @@ async def test_a_participant_held_by_an_id_whose_end_was_lost_is_released(
     import time
 
     import structlog
-    from parkway.protocol.messages import Prepare
     from parkway.protocol.phases import Event
 
     on_prepare = Agent.on_prepare

@@ -29,7 +29,7 @@ from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.participant import Participant
-from parkway.brokers.base import REQUEST_ID_HEADER, Envelope
+from parkway.brokers.base import REQUEST_ID_HEADER, Envelope, Lane
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import codec
 from parkway.protocol.messages import (
@@ -42,6 +42,8 @@ from parkway.protocol.messages import (
     Generate,
     Generated,
     Ok,
+    Persist,
+    Persisted,
     Prepare,
     Prepared,
     Resume,
@@ -179,8 +181,8 @@ async def settle(cluster: Cluster) -> StatusReport:
         if report.checkpoint_id and report.phase != "idle":
             abort = Abort(checkpoint_id=report.checkpoint_id, deadline=soon(), reason="the fuzz is over")
             assert isinstance(await cluster.client.request(address, abort), Ok)
-    queue = cluster.hub.queues[(RUN, cluster.target)]
-    await until(lambda: not queue.messages and cluster.actor.in_flight == 0, timeout=60)
+    queues = [cluster.hub.queues[(RUN, cluster.target, lane)] for lane in Lane]
+    await until(lambda: not any(q.messages for q in queues) and cluster.actor.in_flight == 0, timeout=60)
     report = await cluster.client.request(cluster.target, Status(checkpoint_id="after", deadline=soon()))
     assert isinstance(report, StatusReport)
     return report
@@ -230,10 +232,14 @@ async def real_work(cluster: Cluster) -> None:
         committed = await client.request(
             target, Commit(checkpoint_id=cid, deadline=soon(20), location=f"tmp_{cid}")
         )
-        assert isinstance(committed, Committed) and committed.files, committed
+        assert isinstance(committed, Committed), committed
         assert await client.request(target, Resume(checkpoint_id=cid, deadline=soon())) == Ok(
             detail="resumed"
         )
+        persisted = await client.request(
+            target, Persist(checkpoint_id=cid, deadline=soon(20), location=f"tmp_{cid}")
+        )
+        assert isinstance(persisted, Persisted) and persisted.files, persisted
     if target == "policy/0":
         call = Generate(rollout_id="after_p", attempt=0, call_index=0, token_ids=(1, 2, 3), max_tokens=16)
         generated = await client.request(target, call, correlation_id="after_p:0")

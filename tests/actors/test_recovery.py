@@ -24,7 +24,8 @@ from tests.support.signed import SECRET
 BASE = {
     "run": "rec",
     "seed": 3,
-    "policy": {"host": "inline", "per_token_delay_s": 0.0003},
+    # Slow enough that a snapshot finds rollouts mid-flight: they run on while it is written.
+    "policy": {"host": "inline", "per_token_delay_s": 0.001},
     "tasks": {"builtin": "bank", "limit": 3},
     "rollout": {"group_size": 3, "max_turns": 6},
     "snapshot_interval_s": 0.05,

@@ -140,7 +140,12 @@ async def test_restore_leaves_exactly_the_snapshots_rows(db: Database, server, t
     await call(actor, 0, "restock", item="bolts", qty=3)
     await call(actor, 1, "sell", item="bolts", qty=2)
     await call(actor, 0, "restock", rollout="r2", item="nuts", qty=1)  # another rollout: left alone
-    commit = Commit(checkpoint_id="c1", deadline=time.time() + 10, location="tmp_c1")
+    # The cut holds each rollout at its agent's boundary after its calls so far.
+    held = (
+        EpisodeRef(rollout_id="r1", attempt=0, replica=0, tools=2),
+        EpisodeRef(rollout_id="r2", attempt=0, replica=0, tools=1),
+    )
+    commit = Commit(checkpoint_id="c1", deadline=time.time() + 10, location="tmp_c1", episodes=held)
     await actor.write_snapshot(tmp_path, commit)  # the tool server's own save of its sessions
     at_snapshot = (
         [r for r in db.rows("stock") if r[0] == "r1"],

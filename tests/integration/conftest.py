@@ -23,7 +23,8 @@ async def spawn(
     def start(role: str, replica: int = 0, args: tuple[str, ...] = (), **env: str) -> Process:
         actor = start_actor_process(role, replica, amqp_url, run_name, tmp_path / "state", args=args, **env)
         started.append(actor)
-        rabbit_cleanup(run_name, sorted({a.address for a in started} | {"controller/0"}))
+        # The driver's process declares the controller's queues, and the trainer's when it hosts it inline.
+        rabbit_cleanup(run_name, sorted({a.address for a in started} | {"controller/0", "trainer/0"}))
         return actor
 
     yield start

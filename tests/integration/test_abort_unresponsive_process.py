@@ -2,13 +2,14 @@
 answers it.
 
 Every actor is its own process on the real RabbitMQ; the controller is ``parkway run``. After the
-first snapshot publishes, the policy process is stopped with SIGSTOP: the next snapshot's prepare
-reaches its deadline and the snapshot is aborted. The controller reopens the gate at once, while its
-Abort to the stopped policy is still in flight under the same id. Only once the gate has reopened is
-the policy sent SIGCONT; its acknowledgement of that Abort arrives later, and the next snapshot waits
-for the abort round to end before it prepares (a participant still prepared for the old id must be
-aborted before it can prepare a new one). Asserted on the order of the controller's log events, not
-on durations; the run completes with the transcripts of a run that never stopped.
+first snapshot publishes, the agent process is stopped with SIGSTOP (the agents are who a snapshot's
+window waits for): the next snapshot's prepare reaches its deadline and the snapshot is aborted. The
+controller reopens the gate at once, while its Abort to the stopped agent is still in flight under
+the same id. Only once the gate has reopened is the agent sent SIGCONT; its acknowledgement of that
+Abort arrives later, and the next snapshot waits for the abort round to end before it prepares (a
+participant still prepared for the old id must be aborted before it can prepare a new one). Asserted
+on the order of the controller's log events, not on durations; the run completes with the transcripts
+of a run that never stopped.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.support.streams import LogLines
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
-# A 3 s snapshot deadline; rollouts three at a time, so that the run outlasts the stopped policy.
+# A 3 s snapshot deadline; rollouts three at a time, so that the run outlasts the stopped agent.
 STOPPED_CONFIG = (
     CONFIG.replace("prepare_timeout_s: 10", "prepare_timeout_s: 3")
     .replace("max_turns: 6}", "max_turns: 6, max_in_flight: 3}")
@@ -43,7 +44,7 @@ def position(events: list[dict[str, Any]], event: str, **fields: Any) -> int | N
     return None
 
 
-async def test_the_gate_reopens_when_the_abort_is_decided_not_when_a_stopped_policy_answers(
+async def test_the_gate_reopens_when_the_abort_is_decided_not_when_a_stopped_agent_answers(
     spawn, client, amqp_url, run_name, tmp_path
 ) -> None:
     config = tmp_path / "run.yaml"
@@ -53,14 +54,14 @@ async def test_the_gate_reopens_when_the_abort_is_decided_not_when_a_stopped_pol
     actors = {role: spawn(role, 0, args=args) for role in ("tq", "policy", "resources", "agent")}
     for actor in actors.values():
         await wait_ready(client, actor, timeout=60)
-    policy = actors["policy"].pid
+    stopped = actors["agent"].pid
 
     driver = start_driver(config, run_name, state, amqp_url)
     assert driver.stderr is not None
     log = LogLines(driver.stderr)
     assert await log.wait_for(lambda ev: position(ev, "snapshot_published") is not None, driver)
 
-    os.kill(policy, signal.SIGSTOP)
+    os.kill(stopped, signal.SIGSTOP)
     try:
 
         def reopened_after_abort(events: list[dict[str, Any]]) -> bool:
@@ -72,29 +73,29 @@ async def test_the_gate_reopens_when_the_abort_is_decided_not_when_a_stopped_pol
 
         reopened = await log.wait_for(reopened_after_abort, driver)
     finally:
-        os.kill(policy, signal.SIGCONT)
+        os.kill(stopped, signal.SIGCONT)
     assert reopened, log.text()[-3000:]
     events = log.events()
     aborted = position(events, "snapshot_aborted")
     assert aborted is not None
     cid = events[aborted]["checkpoint_id"]
-    assert events[aborted]["step"] == "prepare" and "policy/0" in events[aborted]["detail"], events[aborted]
+    assert events[aborted]["step"] == "prepare" and "agent/0" in events[aborted]["detail"], events[aborted]
 
-    def policy_acknowledged(events: list[dict[str, Any]]) -> bool:
-        return position(events, "abort_acknowledged", checkpoint_id=cid, participant="policy/0") is not None
+    def agent_acknowledged(events: list[dict[str, Any]]) -> bool:
+        return position(events, "abort_acknowledged", checkpoint_id=cid, participant="agent/0") is not None
 
-    acknowledged = await log.wait_for(policy_acknowledged, driver)
+    acknowledged = await log.wait_for(agent_acknowledged, driver)
     out, _ = driver.communicate(timeout=240)
     log.finish()
     events = log.events()
     assert acknowledged, (
-        f"no acknowledgement of the Abort from policy/0 after the gate reopened: {log.text()[-3000:]}"
+        f"no acknowledgement of the Abort from agent/0 after the gate reopened: {log.text()[-3000:]}"
     )
     assert driver.returncode == 0, log.text()[-3000:]
 
     decided = position(events, "snapshot_aborted", checkpoint_id=cid)
     reopened_at = position(events, "gate_opened", checkpoint_id=cid)
-    acked = position(events, "abort_acknowledged", checkpoint_id=cid, participant="policy/0")
+    acked = position(events, "abort_acknowledged", checkpoint_id=cid, participant="agent/0")
     assert decided is not None and reopened_at is not None and acked is not None
     assert decided < reopened_at < acked, (decided, reopened_at, acked)
     # The next snapshot prepares only after the abort round of the old id ended everywhere.

@@ -26,9 +26,10 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
     "fault",
     [
         "after_prepare@2",  # prepared: the snapshot never publishes, the one before is restored
-        "after_commit@2",  # committed
-        "after_capture@2",  # during capture (TQ and ledger written, not validated)
-        "after_publish@2",  # published but not resumed
+        "after_commit@2",  # every cut taken, in memory only
+        "after_open_gate@2",  # the window over, the rollouts running on, nothing of the cut written
+        "after_persist@2",  # every cut written, not validated: no manifest yet, the one before stands
+        "after_publish@2",  # published
     ],
 )
 async def test_the_whole_cluster_killed_at_a_save_step(

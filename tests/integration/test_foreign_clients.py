@@ -90,6 +90,7 @@ async def test_a_json_command_from_pika_is_accepted_and_answered(spawn, client, 
         "boundaries_passed": 0,
         "restarts": [],
         "waited_s": 0.0,
+        "episodes": [],
     }
     resumed = pika_request(
         amqp_url,

@@ -40,6 +40,8 @@ from parkway.protocol.messages import (
     Generate,
     Generated,
     Ok,
+    Persist,
+    Persisted,
     Prepare,
     Prepared,
     Probe,
@@ -187,10 +189,14 @@ def test_then_every_process_does_real_work(cluster: FuzzCluster) -> None:
             committed = await client.request(
                 address, Commit(checkpoint_id=cid, deadline=soon(30), location=f"tmp_{cid}")
             )
-            assert isinstance(committed, Committed) and committed.files
+            assert isinstance(committed, Committed)
             assert await client.request(address, Resume(checkpoint_id=cid, deadline=soon())) == Ok(
                 detail="resumed"
             )
+            persisted = await client.request(
+                address, Persist(checkpoint_id=cid, deadline=soon(30), location=f"tmp_{cid}")
+            )
+            assert isinstance(persisted, Persisted) and persisted.files
         generated = await client.request(
             "policy/0",
             Generate(rollout_id="after_p", attempt=0, call_index=0, token_ids=(1, 2, 3), max_tokens=8),

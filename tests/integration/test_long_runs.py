@@ -35,7 +35,7 @@ FENCE = 64  # forgotten ids a participant keeps as a fence (PARKWAY_FORGET_FENCE
 # more than are in flight); plus the fence. Per-turn structures hold max_turns entries a rollout.
 BOUND = 4 * IN_FLIGHT + FENCE
 MAX_TURNS = 2
-PER_TURN = {"generation_turns"}
+PER_TURN = {"generation_turns", "lineage"}  # the policy's turns counted, TQ's (rollout, turn) lineage
 # Caches of a fixed capacity (the runtime's reply cache, its journal, the requests it answered): bounded
 # by their capacity, not per rollout; they are checked against it, not against the rollouts in flight.
 FIXED = {

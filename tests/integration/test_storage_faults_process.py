@@ -1,7 +1,7 @@
 """A disk that fills up under a snapshot, with every actor its own process on the real RabbitMQ.
 
-The resources process's commit write fails with ENOSPC at the second snapshot (``PARKWAY_FAULTS``,
-half-way through the file, at the real write call). The controller (``parkway run``) aborts that
+The resources process's write of its cut fails with ENOSPC at the second snapshot (``PARKWAY_FAULTS``,
+half-way through the file, at the real write call, at Persist: after the window). The controller (``parkway run``) aborts that
 snapshot under its checkpoint id, and is SIGKILLed right after (fault point ``after_abort``). On disk:
 the first snapshot, nothing of the second; every participant logged the Abort of that id; the
 resources process is the same one, alive. A restarted controller restores the first snapshot and the
@@ -43,7 +43,7 @@ async def test_a_participant_whose_disk_fills_aborts_the_snapshot_and_the_one_be
     assert code == -signal.SIGKILL, err[-3000:]
     [aborted] = [e for e in json_lines(err) if e.get("event") == "snapshot_aborted"]
     cid = aborted["checkpoint_id"]
-    assert aborted["step"] == "commit" and "No space left on device" in aborted["detail"], aborted
+    assert aborted["step"] == "persist" and "No space left on device" in aborted["detail"], aborted
     assert "resources/0" in aborted["detail"] and aborted["transient"] is True
 
     run_dir = state / "snapshots" / run_name
@@ -57,7 +57,7 @@ async def test_a_participant_whose_disk_fills_aborts_the_snapshot_and_the_one_be
         lines = json_lines(actor.log_text())
         assert any(e.get("event") == "aborted" and e.get("checkpoint_id") == cid for e in lines), address
         assert (await status_of(client, address)).pid == pids[address]
-    failed = [e for e in json_lines(actors["resources/0"].log_text()) if e.get("event") == "commit_failed"]
+    failed = [e for e in json_lines(actors["resources/0"].log_text()) if e.get("event") == "persist_failed"]
     assert [(e["checkpoint_id"], e["errno"]) for e in failed] == [(cid, "ENOSPC")]
 
     code, out, err = await run_driver(config, run_name, state, amqp_url)

@@ -113,12 +113,20 @@ async def test_one_trace_per_snapshot_across_every_process_and_a_rollout_across_
             if span.name != "Ack":  # the acks the ack_drain step sends are data, with no checkpoint id
                 assert span.attrs["parkway.checkpoint_id"] == cid, (span.name, parent.name)
             handled[span.name].add(span.attrs["parkway.actor"])
-            assert parent.name == {"Prepare": "prepare", "Commit": "commit", "Resume": "resume"}.get(
-                span.name, parent.name
-            ) or (span.name, parent.name) == ("Commit", "capture")  # TQ commits in the capture step
+            # Only the agents prepare in the prepare step; TQ's Prepare and Commit are its capture, in
+            # the window; the policy and the tool servers are prepared and committed after it.
+            role = span.attrs["parkway.actor"].split("/")[0]
+            step = {"agent": "prepare", "tq": "capture"}.get(role, "commit")
+            assert parent.name == {
+                "Prepare": step,
+                "Commit": "capture" if role == "tq" else "commit",
+                "Resume": "resume",
+                "Persist": "persist",
+            }.get(span.name, parent.name)
         assert handled["Prepare"] == PARTICIPANTS, cid
         assert handled["Commit"] == PARTICIPANTS, cid
         assert handled["Resume"] == PARTICIPANTS, cid
+        assert handled["Persist"] == PARTICIPANTS, cid
         queued = [s for s in traces[steps["prepare"].trace_id] if s.attrs.get("parkway.phase") == "queued"]
         assert {s.attrs["parkway.actor"] for s in queued} == PARTICIPANTS
 

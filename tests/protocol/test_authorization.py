@@ -22,7 +22,7 @@ def concrete_messages() -> set[str]:
         todo.extend(cls.__subclasses__())
         if cls.__struct_config__.tag is not None and not cls.__name__.startswith("_"):
             found.add(cls.__name__)
-    return found - {"Message", "ControlCommand", "SnapshotCommand"}
+    return found - {"Message", "ControlCommand", "SnapshotCommand", "TemporaryLocation"}
 
 
 def test_every_message_type_is_a_request_with_its_senders_or_a_reply() -> None:

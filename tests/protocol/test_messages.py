@@ -18,9 +18,10 @@ EPISODE = m.EpisodeRef(rollout_id="g1_g0", attempt=1, replica=0)
 EXAMPLES: list[m.Message] = [
     m.Discover(checkpoint_id="ck-1", deadline=NOW),
     m.Status(checkpoint_id="status-1", deadline=NOW),
-    m.Prepare(checkpoint_id="ck-1", deadline=NOW),
+    m.Prepare(checkpoint_id="ck-1", deadline=NOW, episodes=(EPISODE,)),
     m.Renew(checkpoint_id="ck-1", deadline=NOW),
     m.Commit(checkpoint_id="ck-1", deadline=NOW, location="tmp_ck-1", episodes=(EPISODE,)),
+    m.Persist(checkpoint_id="ck-1", deadline=NOW, location="tmp_ck-1"),
     m.Resume(checkpoint_id="ck-1", deadline=NOW),
     m.Abort(checkpoint_id="ck-1", deadline=NOW, reason="agent/1 unreachable"),
     m.Restore(checkpoint_id="rs-1", deadline=NOW, location="snapshot_12", episodes=(EPISODE,)),
@@ -35,11 +36,16 @@ EXAMPLES: list[m.Message] = [
     m.Ok(detail="resumed"),
     m.Capabilities(role="resources", replica=1, mode="restart_only", restart_only=True, features=("x",)),
     m.StatusReport(role="agent", replica=0, run="r", pid=1, phase="idle", counts={"Status": 2}),
-    m.Prepared(checkpoint_id="ck-1", parked=3, boundaries_passed=7, restarts=(ATTEMPT,)),
-    m.Committed(
+    m.Prepared(
         checkpoint_id="ck-1",
-        files=(m.FileDigest(path="a.msgpack", sha256="0" * 64, records=2, size=10),),
-        episodes=(EPISODE,),
+        parked=3,
+        boundaries_passed=7,
+        restarts=(ATTEMPT,),
+        episodes=(m.EpisodeRef(rollout_id="g1_g0", attempt=1, replica=0, tools=4),),
+    ),
+    m.Committed(checkpoint_id="ck-1", episodes=(EPISODE,)),
+    m.Persisted(
+        checkpoint_id="ck-1", files=(m.FileDigest(path="a.msgpack", sha256="0" * 64, records=2, size=10),)
     ),
     m.Restored(checkpoint_id="rs-1", rollouts=(ATTEMPT,)),
     m.ProbeResult(pid=7, executions=1),
@@ -169,6 +175,14 @@ def test_messages_are_frozen() -> None:
             b'{"type": "Ack", "v": 1, "receipts": [{"rollout_id": "r", "attempt": -1}]}',
             ErrorCode.INVALID_MESSAGE,
             ">= 0",  # a range checked at decode (protocol.ranges)
+        ),
+        (
+            # Found by the fuzz test: the keys made of a rollout id are correlation ids (255 bytes at
+            # most on AMQP); a longer one failed the policy's handler as it sent the staging row.
+            b'{"type": "Generate", "v": 1, "rollout_id": "' + b"\xc3\xbc" * 65 + b'", "attempt": 0, '
+            b'"call_index": 0, "token_ids": [1]}',
+            ErrorCode.INVALID_MESSAGE,
+            "longer than 128 bytes",
         ),
         (b"[1, 2, 3]", ErrorCode.INVALID_MESSAGE, "not a parkway message"),
         # Found by fuzzing: a MessagePack string that is not UTF-8 (msgspec raises UnicodeDecodeError).

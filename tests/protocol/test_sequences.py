@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from parkway.protocol.snapshot import (
-    ABORTABLE_UNTIL,
+    NOT_ABORTED,
     RESTORE_ABORTABLE,
     RESTORE_SEQUENCE,
     SAVE_SEQUENCE,
@@ -13,6 +13,7 @@ from parkway.protocol.snapshot import (
     SaveStep,
     Step,
     check_step_table,
+    in_window,
     restore_failure_aborts,
     save_failure_aborts,
 )
@@ -29,11 +30,34 @@ def test_a_table_with_a_step_missing_or_one_too_many_is_refused() -> None:
         check_step_table((*RESTORE_SEQUENCE, Step(RestoreStep.RESUME)), list(RestoreStep))
 
 
-def test_a_save_aborts_up_to_and_including_its_publish() -> None:
+def test_a_save_aborts_at_every_step_but_the_release_of_its_cut() -> None:
     names = [step.name for step in SAVE_SEQUENCE]
-    until = names.index(ABORTABLE_UNTIL)
-    assert [s for s in names if save_failure_aborts(s)] == names[: until + 1]
-    assert not save_failure_aborts(SaveStep.RESUME) and save_failure_aborts(SaveStep.PUBLISH)
+    assert [s for s in names if not save_failure_aborts(s)] == [SaveStep.OPEN_GATE, SaveStep.RESUME]
+    assert {SaveStep.RESUME, SaveStep.OPEN_GATE} == NOT_ABORTED
+    # Failing after the window (writing, validating, publishing) aborts that snapshot all the same.
+    after = (SaveStep.COMMIT, SaveStep.PERSIST, SaveStep.VALIDATE, SaveStep.PUBLISH)
+    assert all(save_failure_aborts(s) for s in after)
+
+
+def test_the_window_holds_the_cut_and_nothing_that_writes() -> None:
+    window = [step.name for step in SAVE_SEQUENCE if in_window(step.name)]
+    assert window == [
+        SaveStep.CLOSE_GATE,
+        SaveStep.RETIRE,
+        SaveStep.ACK_DRAIN,
+        SaveStep.PREPARE,
+        SaveStep.DRAIN_RECEIPTS,
+        SaveStep.CAPTURE,
+        SaveStep.OPEN_GATE,
+    ]
+    after = [step.name for step in SAVE_SEQUENCE if not in_window(step.name)]
+    assert after == [SaveStep.COMMIT, SaveStep.RESUME, SaveStep.PERSIST, SaveStep.VALIDATE, SaveStep.PUBLISH]
+
+
+def test_every_participant_is_asked_at_once_in_each_participant_step() -> None:
+    # One fan-out per step: a stage costs a round trip to its slowest member.
+    for step in SAVE_SEQUENCE:
+        assert len(step.stages) <= 1, step.name
 
 
 def test_a_restore_aborts_while_participants_hold_its_id() -> None:

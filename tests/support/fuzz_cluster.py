@@ -186,7 +186,8 @@ class FuzzCluster:
         for process in self.processes.values():
             process.stop()
         self.runner.run(self.broker.close())
-        self.runner.run(delete_run(AMQP_URL, self.run, list(TARGETS)))
+        # The controller's process hosts the trainer (inline) and declares its queues too.
+        self.runner.run(delete_run(AMQP_URL, self.run, [*TARGETS, "trainer/0"]))
         self.runner.close()
 
 

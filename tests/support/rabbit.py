@@ -22,16 +22,16 @@ def rabbitmq_reachable() -> bool:
 
 
 async def delete_run(url: str, run: str, addresses: list[str]) -> None:
-    """Remove a test run's queues and exchanges from RabbitMQ."""
+    """Remove a test run's queues (both lanes of each address) and exchanges from RabbitMQ."""
     import aio_pika
+    from parkway.brokers.rabbitmq import run_exchanges, run_queues
 
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
-        prefix = f"pk.{run}"
-        for name in [*(f"{prefix}.q.{a}" for a in addresses), f"{prefix}.dead", f"{prefix}.logs"]:
+        for name in run_queues(run, addresses):
             await channel.queue_delete(name)
-        for name in (prefix, f"{prefix}.dlx", f"{prefix}.logs"):
+        for name in run_exchanges(run):
             await channel.exchange_delete(name)
 
 

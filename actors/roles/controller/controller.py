@@ -373,6 +373,8 @@ class Controller(Actor):
             await self.forgetting.flush(tries=1)
             if self.snapshots is not None:
                 await stop_between_saves(background[-1], self._snapshot_lock)
+                if crash.done():  # the last save crashed it (a test's crash point) as it ended
+                    crash.result()
                 await self.snapshots.settle_abort()
                 await self.snapshots.mark_completed()
         finally:
@@ -450,7 +452,7 @@ class Controller(Actor):
         if stop_after is not None and self.snapshots.metrics.published >= stop_after:
             return None
         if stop_after is not None and self.snapshots.metrics.published + 1 == stop_after:
-            self.snapshots.on_published = self._crash_now
+            self.snapshots.on_published = crash_now
         try:
             async with self._snapshot_lock:
                 outcome = await self.snapshots.save()
@@ -464,9 +466,10 @@ class Controller(Actor):
         running = self.snapshots if self._config is not None else None
         return await take_requested(running, self._snapshot_lock, request)
 
-    @staticmethod
-    def _crash_now(published: Published) -> None:
-        raise SimulatedCrash(f"stopped right after publishing {published.name}")
+
+def crash_now(published: Published) -> None:
+    """``stop_after_snapshots``' hook: the process stops dead right after that snapshot is published."""
+    raise SimulatedCrash(f"stopped right after publishing {published.name}")
 
 
 def run_started(state: RunState, groups: int, group_size: int, restored: bool) -> RunStarted:

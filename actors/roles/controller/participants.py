@@ -8,7 +8,8 @@ step as a ``SnapshotFailure`` that says whether a later attempt may succeed.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
@@ -17,15 +18,18 @@ import structlog
 from parkway.actors.roles.controller.fingerprints import replica_count
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.run.config import RunConfig
-from parkway.brokers.base import BrokerError
+from parkway.actors.runtime.backoff import retrying
+from parkway.actors.runtime.client import SentCall
+from parkway.brokers.base import BrokerError, Lane, RequestTimeout
 from parkway.protocol.errors import ErrorCode
-from parkway.protocol.ids import PARTICIPANT_ROLES, Role, actor_address, new_checkpoint_id
+from parkway.protocol.ids import PARTICIPANT_ROLES, Role, actor_address, new_checkpoint_id, parse_address
 from parkway.protocol.messages import Abort, Error, Message, Resume, Status, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure, Stage
 
 log = structlog.get_logger("parkway.snapshots")
 
 RESUME_RETRIES = 5
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0  # the pause before a request the broker refused is sent again
 ABORT_WITHIN_S = 5.0  # how long an abort round waits for a participant (it runs with the gate open)
 T = TypeVar("T")
 
@@ -47,6 +51,16 @@ async def settle_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T | Ex
     return [results[index] for index in range(len(calls))]
 
 
+@dataclass(frozen=True)
+class Sent:
+    """Commands of one step the broker has, each to its participant: ``Participants.collect`` waits."""
+
+    step: str
+    addresses: list[str]
+    messages: list[Message]
+    calls: list[SentCall]
+
+
 class Participants:
     def __init__(self, host: SnapshotHost, config: RunConfig) -> None:
         self._host, self._config = host, config
@@ -63,25 +77,99 @@ class Participants:
     def everyone(self) -> list[str]:
         return self.addresses(PARTICIPANT_ROLES)
 
-    async def request(self, address: str, message: Message) -> Message:
+    async def request(
+        self, address: str, message: Message, *, lane: Lane | None = None, retry_for_s: float = 0.0
+    ) -> Message:
+        """``message`` to ``address``, on ``lane`` (None: its type's, the control lane for a command).
+        With ``retry_for_s``, a broker that cannot take it (restarting) is waited out that long, the
+        same message sent again (a command is answered once per id: a resend gets the same reply)."""
+
+        def waiting(failure: BrokerError, pause: float) -> None:
+            log.info("request_retried", participant=address, error=str(failure), retry_in_s=pause)
+
         try:
-            return await self._host.client.request(address, message)
+            return await retrying(
+                lambda: self._host.client.request(address, message, lane=lane),
+                retry_on=BrokerError,
+                for_s=retry_for_s,
+                first_s=RETRY_FIRST_S,
+                max_s=RETRY_MAX_S,
+                on_retry=waiting,
+                final=lambda failure: isinstance(failure, RequestTimeout),
+            )
         except BrokerError as exc:
             raise SnapshotFailure("request", f"{address}: {exc}", transient=True) from exc
 
-    async def status(self, address: str, purpose: str) -> Message:
+    async def status(self, address: str, purpose: str, *, retry_for_s: float = 0.0) -> Message:
         """A Status of ``address``, asked for ``purpose`` (the prefix of its one-off id)."""
         return await self.request(
-            address, Status(checkpoint_id=new_checkpoint_id(purpose), deadline=time.time() + 5)
+            address,
+            Status(checkpoint_id=new_checkpoint_id(purpose), deadline=time.time() + 5 + retry_for_s),
+            retry_for_s=retry_for_s,
         )
 
-    async def ask(self, stage: Stage, make: Callable[[str], Message], step: str) -> dict[str, Message]:
-        """``make(address)`` to every member of ``stage`` at once; every reply, or a SnapshotFailure."""
+    async def ask(
+        self,
+        stage: Stage,
+        make: Callable[[str], Message],
+        step: str,
+        *,
+        lanes: Mapping[Role, Lane] | None = None,
+        retry_for_s: float = 0.0,
+    ) -> dict[str, Message]:
+        """``make(address)`` to every member of ``stage`` at once; every reply, or a SnapshotFailure.
+        ``lanes``: a role whose command goes on another lane than its type's own (the data lane, to be
+        ordered behind the data already sent there). ``retry_for_s``: see ``request``."""
         addresses = self.addresses(stage)
         sent = [make(a) for a in addresses]
+        lane_of = lanes or {}
         replies = await settle_all(
-            [partial(self.request, a, m) for a, m in zip(addresses, sent, strict=True)]
+            [
+                partial(
+                    self.request, a, m, lane=lane_of.get(Role(parse_address(a)[0])), retry_for_s=retry_for_s
+                )
+                for a, m in zip(addresses, sent, strict=True)
+            ]
         )
+        return await self.checked(step, addresses, sent, replies)
+
+    async def send(
+        self, stage: Stage, make: Callable[[str], Message], step: str, *, lane: Lane | None = None
+    ) -> Sent:
+        """``make(address)`` to every member of ``stage`` at once, returning once the broker has them
+        all: ``collect`` waits for the replies. (The window ends before they are back.)"""
+        addresses = self.addresses(stage)
+        messages = [make(a) for a in addresses]
+
+        async def send_one(address: str, message: Message) -> SentCall:
+            try:
+                return await self._host.client.send_request(address, message, lane=lane)
+            except BrokerError as exc:
+                raise SnapshotFailure(step, f"{address}: {exc}", transient=True) from exc
+
+        calls = await settle_all([partial(send_one, a, m) for a, m in zip(addresses, messages, strict=True)])
+        for call in calls:
+            if isinstance(call, Exception):
+                raise call
+        return Sent(step, addresses, messages, [c for c in calls if isinstance(c, SentCall)])
+
+    async def collect(self, sent: Sent) -> dict[str, Message]:
+        """The replies to what ``send`` sent: every one, or a SnapshotFailure as ``ask`` raises it."""
+
+        async def reply_of(call: SentCall) -> Message:
+            try:
+                return await call.reply()
+            except BrokerError as exc:
+                raise SnapshotFailure(sent.step, f"{call.address}: {exc}", transient=True) from exc
+
+        replies = await settle_all([partial(reply_of, call) for call in sent.calls])
+        return await self.checked(sent.step, sent.addresses, sent.messages, replies)
+
+    async def checked(
+        self, step: str, addresses: list[str], sent: list[Message], replies: Sequence[Message | Exception]
+    ) -> dict[str, Message]:
+        """Every reply, or the first refusal (in address order) as a SnapshotFailure that says whether
+        a later attempt may succeed."""
         answered: dict[str, Message] = {}
         for address, message, reply in zip(addresses, sent, replies, strict=True):
             if isinstance(reply, Exception):

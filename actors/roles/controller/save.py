@@ -5,6 +5,11 @@ walks ``SAVE_SEQUENCE`` in order with one ``SaveAttempt`` that the steps fill in
 that ``save_failure_aborts`` is aborted under the snapshot's id everywhere and its temporary directory
 deleted; the previous snapshot stays authoritative. ``save`` returns what it published, or why it
 skipped.
+
+The admission-closed window holds only the cut (close, prepare, drain, commit, resume, open): every
+participant's Commit takes an in-memory copy and the ledger is copied at the same instant. Writing,
+fsyncing, validating and publishing follow with admission open, their blocking file work in worker
+threads so the controller's event loop keeps dispatching (docs/snapshots.md#the-window).
 """
 
 from __future__ import annotations
@@ -17,16 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from parkway.actors.roles.controller import scopes
 from parkway.actors.roles.controller.fingerprints import expected_topology, fingerprint
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
-from parkway.actors.roles.controller.participants import Participants
+from parkway.actors.roles.controller.participants import Participants, Sent
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime import tracing
 from parkway.actors.storage.checks import missing_staging_keys
 from parkway.actors.storage.files import sha256_file
 from parkway.actors.storage.publish import prune, publish, write_ledger_file
 from parkway.actors.storage.runs import RunDirectory
+from parkway.brokers.base import Lane
 from parkway.protocol.anchor import LedgerFile
 from parkway.protocol.history import (
     LedgerCaptured,
@@ -37,13 +44,16 @@ from parkway.protocol.history import (
     SnapshotSkipped,
     SnapshotStep,
 )
-from parkway.protocol.ids import Role, actor_address, new_checkpoint_id, parse_address
+from parkway.protocol.ids import Role, new_checkpoint_id, parse_address
 from parkway.protocol.layout import participant_dir
 from parkway.protocol.manifest import SCHEMA, Manifest, ManifestFile, TrainerMark
 from parkway.protocol.messages import (
     Commit,
     Committed,
     EpisodeRef,
+    FileDigest,
+    Persist,
+    Persisted,
     Prepare,
     Prepared,
     Renew,
@@ -61,6 +71,10 @@ from parkway.protocol.snapshot import (
 from parkway.protocol.tracecontext import checkpoint_trace_id, trace_id_hex
 
 log = structlog.get_logger("parkway.snapshots")
+
+# After the window nothing waits on the snapshot: a request the broker refuses (it is restarting) is
+# sent again for this long before the snapshot fails.
+AFTER_WINDOW_RETRY_S = 30.0
 
 # What a snapshot would capture, in counters: the boundaries agents passed (turns move without any
 # ledger or TQ change) and the ledger's own movement. Equal to the last published one: nothing to save.
@@ -105,6 +119,9 @@ class SaveAttempt:
     force: bool  # taken even when nothing moved
     files: list[ManifestFile] = field(default_factory=list)
     episodes: set[tuple[str, int]] = field(default_factory=set)  # what the agents saved
+    cut: list[EpisodeRef] = field(default_factory=list)  # the same, each at its boundary (tool calls)
+    captured_dispatched: set[tuple[str, int]] = field(default_factory=set)  # the ledger's, at the cut
+    in_band: list[Sent] = field(default_factory=list)  # TQ's Prepare and Commit, answered after the window
     restarts: set[tuple[str, int]] = field(default_factory=set)  # what restart-only ones could not
     parked: int = 0
     boundaries: int = 0
@@ -311,16 +328,22 @@ class SaveSequence:
 
     async def prepare(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         cid, deadline = attempt.checkpoint_id, attempt.deadline
+        dispatched = scopes.dispatched_to(self.host.ledger)
         for stage in stages:
             replies = await self.participants.ask(
-                stage, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "prepare"
+                stage,
+                lambda a: Prepare(checkpoint_id=cid, deadline=deadline, episodes=dispatched.get(a, ())),
+                "prepare",
             )
-            for reply in replies.values():
+            for address, reply in replies.items():
                 assert isinstance(reply, Prepared)
                 attempt.parked += reply.parked
                 attempt.boundaries += reply.boundaries_passed
                 attempt.park_wait_s = max(attempt.park_wait_s, reply.waited_s)
                 attempt.restarts.update((r.rollout_id, r.attempt) for r in reply.restarts)
+                if parse_address(address)[0] == Role.AGENT:
+                    attempt.cut.extend(reply.episodes)
+                    attempt.episodes.update((e.rollout_id, e.attempt) for e in reply.episodes)
         # Renew the leases once if preparing used more than half of the deadline.
         if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
             renewed = time.time() + self.config.prepare_timeout_s
@@ -330,55 +353,10 @@ class SaveSequence:
                     stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew"
                 )
 
-    async def commit(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
-        cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
-        scope = self._scope()
-        for stage in stages:
-            replies = await self.participants.ask(
-                stage,
-                lambda a: Commit(
-                    checkpoint_id=cid, deadline=deadline, location=location, episodes=scope.get(a, ())
-                ),
-                "commit",
-            )
-            for address, reply in replies.items():
-                assert isinstance(reply, Committed)
-                self._record_files(attempt, address, reply)
-                if parse_address(address)[0] == Role.AGENT:
-                    attempt.episodes.update((e.rollout_id, e.attempt) for e in reply.episodes)
-
-    def _scope(self) -> dict[str, tuple[EpisodeRef, ...]]:
-        """Each agent's exact episode scope: the attempts the ledger has dispatched to it."""
-        scope: dict[str, list[EpisodeRef]] = {}
-        for sibling, attempt in self.host.ledger.attempts():
-            if attempt.state.value == "dispatched" and attempt.replica is not None:
-                scope.setdefault(actor_address(Role.AGENT, attempt.replica), []).append(
-                    EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=attempt.replica)
-                )
-        everything = tuple(e for refs in scope.values() for e in refs)
-        result = {address: tuple(refs) for address, refs in scope.items()}
-        for address in self.participants.addresses((Role.RESOURCES, Role.POLICY)):
-            result[address] = everything
-        return result
-
-    @staticmethod
-    def _record_files(attempt: SaveAttempt, address: str, reply: Committed) -> None:
-        """The files a participant wrote, as manifest entries relative to the snapshot directory."""
-        prefix = participant_dir(*parse_address(address))
-        for f in reply.files:
-            attempt.files.append(
-                ManifestFile(
-                    path=str(prefix / f.path),
-                    sha256=f.sha256,
-                    size=f.size,
-                    records=f.records,
-                    checkpoint_id=reply.checkpoint_id,
-                )
-            )
-
     async def drain_receipts(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
-        """A dispatched attempt no agent saved has finished: its receipt is on the wire. Wait for it
-        to seal (or fail) before the cut, event driven, until the deadline."""
+        """A dispatched attempt no agent's cut holds has finished: its receipt is on the wire. Wait for it
+        to seal (or fail) before the cut, event driven, until the deadline. (An attempt a cut holds
+        keeps its receipt until the checkpoint ends: nothing seals after this step until then.)"""
         while True:
             waiting = self.host.ledger.dispatched() - attempt.episodes - attempt.restarts
             if not waiting:
@@ -394,45 +372,115 @@ class SaveSequence:
             await self.host.wait_for_receipts(remaining)
 
     async def capture(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
-        """TQ and the ledger at one cut: nothing can seal in between (the gate is closed, every rollout
-        parked, receipts drained), and the ledger is encoded right after TQ's commit returns."""
+        """The ledger and TQ at one cut: the ledger is copied now, with no await before TQ's Commit goes
+        out, and nothing seals until the agents resume (receipts drained, the rest held by their
+        agents). TQ's Commit goes on its data lane: behind the staging rows the agents' cuts refer to
+        (each sent to TQ before its agent prepared), and ahead of every row or seal that a dispatch
+        after the window brings. Its answer is collected after the window (``commit``)."""
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
+        attempt.captured = self.host.export_ledger()
+        attempt.captured_dispatched = dispatched = self.host.ledger.dispatched()
+        self.host.history.record(LedgerCaptured(checkpoint_id=cid, seals=self.host.seals))
+        # An attempt its agent cut that the controller has given up on since (its group is redone: a
+        # sibling's failure was drained) is not kept: the cut holds exactly the attempts dispatched.
+        cut = scopes.kept(attempt.cut, dispatched, self.host.ledger)
+        attempt.episodes = {(e.rollout_id, e.attempt) for e in cut}
+        attempt.cut = list(cut)
+        # (A restart-only server's rollouts are its agents' too: in the cuts and the ledger alike.)
+        mismatch = episode_mismatch(attempt.episodes, dispatched)
+        if mismatch:  # checked in memory before any cut is written: an invariant, not a timing
+            raise SnapshotFailure(
+                "capture", f"saved episodes differ from the ledger: {mismatch}", transient=False
+            )
+        for stage in stages:
+            attempt.in_band = [
+                await self.participants.send(
+                    stage, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "capture", lane=Lane.DATA
+                ),
+                await self.participants.send(
+                    stage,
+                    lambda _a: Commit(checkpoint_id=cid, deadline=deadline, location=location),
+                    "capture",
+                    lane=Lane.DATA,
+                ),
+            ]
+
+    async def commit(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
+        """After the window: every other participant takes its cut. An agent's Commit names the attempts
+        it keeps of the cut it took at Prepare; a tool server's names each with the tool calls its
+        boundary holds (it keeps each session as it was there); the tool servers and the policy are
+        prepared right before, on the same lane. TQ's answers, to what the window sent, are collected."""
+        cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
+        cut = tuple(attempt.cut)
+        [stage] = stages
+        unprepared = tuple(role for role in stage if role is not Role.AGENT)
+        prepares = await self.participants.send(
+            unprepared, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "prepare"
+        )
+        commits = await self.participants.send(
+            stage,
+            lambda a: Commit(
+                checkpoint_id=cid, deadline=deadline, location=location, episodes=scopes.commit_scope(a, cut)
+            ),
+            "commit",
+        )
+        for reply in (await self.participants.collect(prepares)).values():
+            assert isinstance(reply, Prepared)
+            attempt.restarts.update((r.rollout_id, r.attempt) for r in reply.restarts)
+        for address, reply in (await self.participants.collect(commits)).items():
+            assert isinstance(reply, Committed)
+            if parse_address(address)[0] == Role.AGENT:
+                saved = {(e.rollout_id, e.attempt) for e in reply.episodes}
+                kept = {(e.rollout_id, e.attempt) for e in scopes.commit_scope(address, cut)}
+                if saved != kept:
+                    raise SnapshotFailure(
+                        "commit", f"{address} committed another cut than it prepared", transient=True
+                    )
+        for sent in attempt.in_band:
+            await self.participants.collect(sent)
+
+    async def resume(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
+        await self.participants.resume_all(attempt.checkpoint_id, stages)
+
+    async def persist(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
+        """After the window: every participant writes its cut, the controller its ledger copy. Nothing
+        waits on it, so a broker restarting meanwhile is waited out rather than failing the snapshot."""
+        cid, location = attempt.checkpoint_id, attempt.tmp.name
+        deadline = time.time() + self.config.prepare_timeout_s + AFTER_WINDOW_RETRY_S
+        assert attempt.captured is not None
         for stage in stages:
             replies = await self.participants.ask(
-                stage, lambda _a: Commit(checkpoint_id=cid, deadline=deadline, location=location), "capture"
+                stage,
+                lambda _a: Persist(checkpoint_id=cid, deadline=deadline, location=location),
+                "persist",
+                retry_for_s=AFTER_WINDOW_RETRY_S,
             )
             for address, reply in replies.items():
-                assert isinstance(reply, Committed)
-                self._record_files(attempt, address, reply)
-        attempt.captured = self.host.export_ledger()
-        # No await since the export: the seals made so far are exactly the ones this ledger holds.
-        self.host.history.record(LedgerCaptured(checkpoint_id=cid, seals=self.host.seals))
-        attempt.files.append(write_ledger_file(attempt.tmp, attempt.captured, cid, self.host.faults))
+                assert isinstance(reply, Persisted)
+                record_files(attempt, address, reply.files, reply.checkpoint_id)
+        ledger = await asyncio.to_thread(
+            write_ledger_file, attempt.tmp, attempt.captured, cid, self.host.faults
+        )
+        attempt.files.append(ledger)
 
     async def validate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         # An agent that died and came back lost its rollouts.
         for address in self.participants.replicas(Role.AGENT):
-            reply = await self.participants.status(address, "alive")
+            reply = await self.participants.status(address, "alive", retry_for_s=AFTER_WINDOW_RETRY_S)
             if isinstance(reply, StatusReport) and self.host.observe(address, reply):
                 raise SnapshotFailure("validate", f"{address} restarted during the snapshot", transient=True)
+        # The ledger copied at the cut against what the agents' cuts hold (checked at the commit too).
         restarts = attempt.restarts  # restart-only participants' rollouts: not kept, not compared
-        mismatch = episode_mismatch(attempt.episodes - restarts, self.host.ledger.dispatched() - restarts)
+        assert attempt.captured is not None
+        mismatch = episode_mismatch(attempt.episodes - restarts, attempt.captured_dispatched - restarts)
         if mismatch:
             raise SnapshotFailure(
                 "validate", f"saved episodes differ from the ledger: {mismatch}", transient=False
             )
-        for entry in attempt.files:
-            path = attempt.tmp / entry.path
-            if not path.is_file() or sha256_file(path) != entry.sha256:
-                raise SnapshotFailure(
-                    "validate", f"{entry.path} is missing or does not match its digest", transient=True
-                )
-        # Every turn an agent saved references a staging row that TQ captured.
-        missing = [key for keys in missing_staging_keys(attempt.tmp, strict=False).values() for key in keys]
-        if missing:
-            raise SnapshotFailure(
-                "validate", f"staging rows not in TQ's capture: {', '.join(missing[:20])}", transient=False
-            )
+        problem = await asyncio.to_thread(check_files, attempt.tmp, attempt.files)
+        if problem is not None:
+            detail, transient = problem
+            raise SnapshotFailure("validate", detail, transient=transient)
 
     async def publish(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         assert attempt.captured is not None
@@ -451,7 +499,7 @@ class SaveSequence:
             files=attempt.files,
             trace_id=trace_id_hex(checkpoint_trace_id(attempt.checkpoint_id)),
         )
-        publication = publish(self.run, attempt.tmp, manifest, self.host.faults)
+        publication = await asyncio.to_thread(publish, self.run, attempt.tmp, manifest, self.host.faults)
         attempt.bytes = publication.bytes
         self.host.history.record(
             SnapshotPublished(
@@ -461,7 +509,7 @@ class SaveSequence:
             )
         )
         self.last_progress = attempt.progress
-        prune(self.run, self.config.keep_latest_k)
+        await asyncio.to_thread(prune, self.run, self.config.keep_latest_k)
         attempt.published = Published(
             checkpoint_id=attempt.checkpoint_id,
             seq=attempt.seq,
@@ -473,11 +521,37 @@ class SaveSequence:
         if self.on_published is not None:
             self.on_published(attempt.published)
 
-    async def resume(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
-        await self.participants.resume_all(attempt.checkpoint_id, stages)
-
     async def open_gate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         self.host.open_gate()
+
+
+def record_files(attempt: SaveAttempt, address: str, files: tuple[FileDigest, ...], cid: str) -> None:
+    """The files a participant wrote, as manifest entries relative to the snapshot directory."""
+    prefix = participant_dir(*parse_address(address))
+    for f in files:
+        attempt.files.append(
+            ManifestFile(
+                path=str(prefix / f.path),
+                sha256=f.sha256,
+                size=f.size,
+                records=f.records,
+                checkpoint_id=cid,
+            )
+        )
+
+
+def check_files(tmp: Path, files: list[ManifestFile]) -> tuple[str, bool] | None:
+    """Every file on disk with its digest, and every staging row an agent saved in TQ's rows: None, or
+    (what is wrong, whether a later snapshot may do better). Reads files: a worker thread's job."""
+    for entry in files:
+        path = tmp / entry.path
+        if not path.is_file() or sha256_file(path) != entry.sha256:
+            return f"{entry.path} is missing or does not match its digest", True
+    # Every turn an agent saved references a staging row that TQ captured.
+    missing = [key for keys in missing_staging_keys(tmp, strict=False).values() for key in keys]
+    if missing:
+        return f"staging rows not in TQ's capture: {', '.join(missing[:20])}", False
+    return None
 
 
 SaveStepImplementation = Callable[[SaveSequence, SaveAttempt, tuple[Stage, ...]], Awaitable[None]]
@@ -487,12 +561,13 @@ SAVE_STEPS: dict[SaveStep, SaveStepImplementation] = {
     SaveStep.RETIRE: SaveSequence.retire,
     SaveStep.ACK_DRAIN: SaveSequence.ack_drain,
     SaveStep.PREPARE: SaveSequence.prepare,
-    SaveStep.COMMIT: SaveSequence.commit,
     SaveStep.DRAIN_RECEIPTS: SaveSequence.drain_receipts,
     SaveStep.CAPTURE: SaveSequence.capture,
+    SaveStep.OPEN_GATE: SaveSequence.open_gate,
+    SaveStep.COMMIT: SaveSequence.commit,
+    SaveStep.RESUME: SaveSequence.resume,
+    SaveStep.PERSIST: SaveSequence.persist,
     SaveStep.VALIDATE: SaveSequence.validate,
     SaveStep.PUBLISH: SaveSequence.publish,
-    SaveStep.RESUME: SaveSequence.resume,
-    SaveStep.OPEN_GATE: SaveSequence.open_gate,
 }
 check_step_table(SAVE_SEQUENCE, SAVE_STEPS)

@@ -47,7 +47,7 @@ def test_the_full_matrix_covers_every_step_of_save_and_restore_for_controller_ki
     killed = {c.target for c in matrix(broker=True) if c.kind is FaultKind.KILL_ACTOR}
     assert {t.split("/")[0] for t in killed if t} == {"tq", "policy", "resources", "agent"}
     assert {(FaultKind.KILL_CONTROLLER, p) for p in SAVE_POINTS + RESTORE_POINTS} <= cells
-    assert len(SAVE_POINTS) == 22  # 11 save steps, at the start and at the end of each
+    assert len(SAVE_POINTS) == 24  # 12 save steps, at the start and at the end of each
     assert all(kind in {c.kind for c in matrix(broker=True)} for kind in FaultKind)
     assert not {c.kind for c in matrix(broker=False)} & {FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL}
 

@@ -171,6 +171,42 @@ async def test_abort_returns_the_tokens_so_far_and_in_flight_drains() -> None:
     assert await engine.abort("g_g0:3") is False  # nothing left to abort
 
 
+async def test_cpu_per_token_is_spent_in_slices_and_changes_no_token() -> None:
+    # The CPU is asked of the compute process token by token, in slices; what the engine says is the
+    # same as without it. (The CPU itself is not timed here.)
+    plain = DeterministicEngine()
+    busy = DeterministicEngine(cpu_per_token_s=0.0005)  # 4 tokens per 2 ms slice
+    await busy.start()
+    try:
+        for tools, turns in ((COUNTER, 3), (BANK, 2), ([], 1)):
+            expected = await plain.generate(request(conversation(tools, turns)))
+            asked = busy.cpu_asked_s
+            assert await busy.generate(request(conversation(tools, turns))) == expected
+            assert busy.cpu_asked_s - asked == pytest.approx(len(expected.token_ids) * 0.0005)
+        assert busy.tokens_accrued() == plain.tokens_accrued() > 0
+    finally:
+        await busy.stop()
+    assert busy._compute is None  # the compute process was told to go
+    with pytest.raises(ValueError):
+        DeterministicEngine(cpu_per_token_s=-0.001)
+
+
+async def test_tokens_accrue_while_a_generation_runs_and_add_up_when_it_returns() -> None:
+    engine = DeterministicEngine(per_token_delay_s=0.01)
+    full = DeterministicEngine().reply_tokens(request(conversation(COUNTER, 3)))[0]
+    task = asyncio.ensure_future(engine.generate(request(conversation(COUNTER, 3), request_id="g_g0:0")))
+    await until(lambda: engine.tokens_accrued() > 0)  # before the generation returns
+    assert not task.done() and engine.tokens_accrued() < len(full)
+    assert (await task).token_ids == tuple(full)
+    assert engine.tokens_accrued() == len(full)
+    cut = asyncio.ensure_future(engine.generate(request(conversation(BANK, 3), request_id="g_g1:0")))
+    await until(lambda: engine.tokens_accrued() > len(full))
+    await engine.abort("g_g1:0")
+    aborted = await cut
+    assert aborted.finish_reason == "abort"
+    assert engine.tokens_accrued() == len(full) + len(aborted.token_ids)  # exactly what came out
+
+
 async def test_inline_pool() -> None:
     pool = EnginePool(EngineSpec(kwargs={"per_token_delay_s": 0.01}), host="inline")
     await pool.start()

@@ -99,6 +99,16 @@ def test_the_policy_and_resources_hold_every_rollouts_call_and_still_take_contro
         assert role_options(role, config)["prefetch"] == 4096 + CONTROL_HEADROOM
 
 
+def test_the_deterministic_engine_takes_its_time_and_cpu_per_token_from_the_configuration() -> None:
+    from parkway.actors.launch.workload import role_options
+
+    config = from_dict({"policy": {"host": "inline", "per_token_delay_s": 0.05, "cpu_per_token_s": 0.0001}})
+    assert role_options("policy", config)["engine"].kwargs == {
+        "per_token_delay_s": 0.05,
+        "cpu_per_token_s": 0.0001,
+    }
+
+
 async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_path: Path, monkeypatch) -> None:
     # With every task admitted at the start, each snapshot encoded (and each dispatch walked) all of
     # them: its cost grew with the dataset, not with the rollouts in flight.

@@ -25,6 +25,7 @@ from parkway.protocol.messages import (
     Error,
     Forget,
     Ok,
+    Persist,
     Prepare,
     Restore,
     Resume,
@@ -152,8 +153,12 @@ async def test_a_restore_brings_back_what_the_snapshot_holds(tmp_path: Path) -> 
         controller = Client(broker, secret=SECRET, sender="controller/0")
         await ask(agent, "resources/0", tool("r1", "transfer", 0, src="a", dst="b", amount=10))
         await controller.call("resources/0", Prepare(checkpoint_id="c1", deadline=soon()))
-        await controller.call("resources/0", Commit(checkpoint_id="c1", deadline=soon(), location="tmp_c1"))
+        held = (EpisodeRef(rollout_id="r1", attempt=0, replica=0, tools=1),)  # its agent past the transfer
+        await controller.call(
+            "resources/0", Commit(checkpoint_id="c1", deadline=soon(), location="tmp_c1", episodes=held)
+        )
         await controller.call("resources/0", Resume(checkpoint_id="c1", deadline=soon()))
+        await controller.call("resources/0", Persist(checkpoint_id="c1", deadline=soon(), location="tmp_c1"))
         (tmp_path / RUN / "tmp_c1").rename(tmp_path / RUN / "snapshot_1")
         # After the snapshot, r1 finishes and is forgotten: nothing of it is left in memory.
         await ask(agent, "resources/0", tool("r1", "verify", 1, calls=[]))

@@ -79,3 +79,21 @@ def test_a_malformed_totals_line_is_skipped(tmp_path: Path) -> None:
     records = GenerationRecords(journal)
     assert (records.total, records.repeated) == (1, 0)
     records.close()
+
+
+def test_a_foreign_rollout_id_of_any_characters_is_recorded_and_read_back(tmp_path: Path) -> None:
+    # Found by the fuzz test: a Generate whose rollout id held non-ASCII characters made the policy's
+    # handler fail (``internal``) writing this file; spaces or a newline would have broken its lines.
+    odd = ["ü" * 50_000, "two words", "line\nbreak", "100%", "t0000_g0"]
+    journal = tmp_path / "generations.log"
+    first = GenerationRecords(journal)
+    for rollout in odd:
+        first.generated(rollout, 0)
+    first.generated("line\nbreak", 0)
+    first.forget({"two words"})
+    first.close()
+    again = GenerationRecords(journal)
+    assert again.total == 6 and again.repeated == 1
+    assert {r for r, _ in again.turns} == set(odd) - {"two words"}
+    assert journal.read_text(encoding="ascii").count("\n") == 7  # one line each, all ASCII
+    again.close()

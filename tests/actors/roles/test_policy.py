@@ -1,10 +1,11 @@
 """The policy actor on the in-memory broker, with its engine inline.
 
-Generate -> Generated plus a staging row at a fake ``tq/0``; and the checkpoint behaviour: a call that
-arrives while admission is closed waits until Resume, a call already generating finishes while
-prepared but its reply is held until Resume, and Prepare never waits for a generation. Interleavings
-are forced with events (the policy's ``wait_for_gate`` and a gated ``pool.generate``), never slept into.
-A checkpoint here is Prepare, Commit, Resume, as the controller runs it.
+Generate -> Generated plus a staging row at a fake ``tq/0``; and the checkpoint behaviour: a checkpoint
+holds nothing at the policy (a call that arrives while it is prepared is served, one generating at
+Prepare is answered as soon as it finishes, and Prepare never waits for a generation); a weight update
+holds new calls at its own gate. Interleavings are forced with events (the policy's
+``wait_for_weights`` and a gated ``pool.generate``), never slept into. A checkpoint here is Prepare,
+Commit, Resume, then Persist, as the controller runs it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from parkway.protocol.messages import (
     LoadWeights,
     Message,
     Ok,
+    Persist,
+    Persisted,
     Prepare,
     Prepared,
     Restore,
@@ -62,18 +65,16 @@ PROMPT = tuple(
 
 
 class Observed(Policy):
-    """A policy that tells the test whenever a call waits at its closed gate."""
+    """A policy that tells the test whenever a call waits at its weights gate."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.at_gate: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
 
-    async def wait_for_gate(self, request_id: str, why: str) -> None:
-        if not self.admission_open:
-            self.at_gate.put_nowait((request_id, why))
-        elif why == "admission" and self.loading_weights:
+    async def wait_for_weights(self, request_id: str) -> None:
+        if self.loading_weights:
             self.at_gate.put_nowait((request_id, "weights"))
-        await super().wait_for_gate(request_id, why)
+        await super().wait_for_weights(request_id)
 
 
 class Cluster:
@@ -106,18 +107,22 @@ class Cluster:
         return await self.controller.request("policy/0", command)  # type: ignore[arg-type]
 
     async def commit_and_resume(self, checkpoint_id: str) -> dict[str, object]:
-        """Finish the checkpoint (Commit, Resume); return the policy's snapshot record."""
+        """Finish the checkpoint (Commit, Resume, then Persist after the window); return the policy's
+        snapshot record."""
         location = f"tmp_{checkpoint_id}"
         committed = await self.control(
             Commit(checkpoint_id=checkpoint_id, deadline=soon(), location=location)
         )
         assert isinstance(committed, Committed)
-        assert self.policy.snapshot_root is not None
-        written = self.policy.participant_dir(location) / committed.files[0].path
-        [record] = msgspec.msgpack.decode(written.read_bytes())
         assert await self.control(Resume(checkpoint_id=checkpoint_id, deadline=soon())) == Ok(
             detail="resumed"
         )
+        persisted = await self.control(
+            Persist(checkpoint_id=checkpoint_id, deadline=soon(), location=location)
+        )
+        assert isinstance(persisted, Persisted) and self.policy.snapshot_root is not None
+        written = self.policy.participant_dir(location) / persisted.files[0].path
+        [record] = msgspec.msgpack.decode(written.read_bytes())
         return record
 
 
@@ -195,26 +200,29 @@ async def test_generate_replies_and_stages_a_row(make_cluster) -> None:
     assert counts["replies_held"] == 0
 
 
-async def test_a_call_arriving_while_prepared_waits_until_resume(make_cluster) -> None:
+async def test_its_status_counts_the_tokens_accrued_by_its_inline_engine(make_cluster) -> None:
+    cluster = await make_cluster()
+    assert cluster.policy.status_fields()["counts"]["tokens_accrued"] == 0
+    await cluster.generate(call_index=0)
+    counts = cluster.policy.status_fields()["counts"]
+    assert counts["tokens_accrued"] == counts["tokens_generated"] == len(expected_reply()[0])
+
+
+async def test_a_call_arriving_while_prepared_is_served(make_cluster) -> None:
+    # A checkpoint holds nothing at the policy: a rollout its agent holds keeps the reply itself.
     cluster = await make_cluster()
     assert await cluster.control(Prepare(checkpoint_id="ck-1", deadline=soon())) == Prepared(
         checkpoint_id="ck-1", parked=0
     )
-    call = asyncio.ensure_future(cluster.generate(call_index=0))
-    assert await asyncio.wait_for(cluster.policy.at_gate.get(), 5) == ("g_g0:0", "admission")
-    # Waiting at the gate, it has not reached the engine: no tokens, no row, no reply.
-    assert cluster.policy.counts["model_calls"] == 0 and cluster.policy.generating == 0
-    assert cluster.rows.empty() and not call.done()
-    assert not call.done()  # committed, still waiting
-    record = await cluster.commit_and_resume("ck-1")
-    assert record["generating"] == [] and record["held"] == []
-    reply = await asyncio.wait_for(call, 5)
+    reply = await asyncio.wait_for(cluster.generate(call_index=0), 5)
     assert isinstance(reply, Generated) and reply.token_ids == expected_reply()[0]
     assert (await asyncio.wait_for(cluster.rows.get(), 5))[0] == "g_g0:0"
-    assert cluster.policy.counts["replies_held"] == 0  # it generated after resume: nothing to hold
+    record = await cluster.commit_and_resume("ck-1")
+    assert record["generating"] == [] and "held" not in record
+    assert cluster.policy.at_gate.empty()
 
 
-async def test_a_call_generating_at_prepare_finishes_but_its_reply_waits_for_resume(make_cluster) -> None:
+async def test_a_call_generating_at_prepare_is_answered_as_it_finishes(make_cluster) -> None:
     cluster = await make_cluster(per_token_delay_s=0.002)
     policy = cluster.policy
     generating, may_generate = asyncio.Event(), asyncio.Event()
@@ -231,18 +239,16 @@ async def test_a_call_generating_at_prepare_finishes_but_its_reply_waits_for_res
     # Prepare does not wait for the generation: it answers while the call is still generating.
     prepared = await cluster.control(Prepare(checkpoint_id="ck-2", deadline=soon()))
     assert prepared == Prepared(checkpoint_id="ck-2", parked=1)
-    may_generate.set()  # the accepted call keeps generating, token by token, while prepared
-    correlation_id, rows = await asyncio.wait_for(cluster.rows.get(), 5)
-    assert correlation_id == "g_g0:1" and isinstance(rows, Rows)
-    assert rows.rows[0].token_ids == expected_reply()[0]  # captured before the reply, while prepared
-    assert await asyncio.wait_for(policy.at_gate.get(), 5) == ("g_g0:1", "reply")
-    assert policy.held_replies == 1 and policy.counts["replies_held"] == 1 and not call.done()
     policy.policy_version = 2
-    record = await cluster.commit_and_resume("ck-2")
-    assert record["held"] == ["g_g0:1"] and record["policy_version"] == 2
+    committed = asyncio.ensure_future(cluster.commit_and_resume("ck-2"))
+    may_generate.set()  # it finishes while the checkpoint is open: staged, then answered at once
     reply = await asyncio.wait_for(call, 5)
     assert isinstance(reply, Generated) and reply.call_index == 1 and reply.finish_reason == "stop"
-    assert policy.held_replies == 0 and cluster.rows.empty()  # one row per call
+    correlation_id, rows = await asyncio.wait_for(cluster.rows.get(), 5)
+    assert correlation_id == "g_g0:1" and isinstance(rows, Rows)
+    assert rows.rows[0].token_ids == expected_reply()[0]
+    record = await committed
+    assert record["policy_version"] == 2 and cluster.rows.empty()  # one row per call
 
 
 async def test_retiring_an_attempt_aborts_its_generation_without_a_row(make_cluster) -> None:
@@ -318,13 +324,27 @@ async def test_a_restore_forgets_the_replies_of_the_timeline_that_died(make_clus
     assert restaged == staged and cluster.policy.counts["model_calls"] == 2
 
 
-async def test_stop_leaves_calls_at_the_closed_gate_for_redelivery(make_cluster) -> None:
+async def test_stop_leaves_calls_at_the_weights_gate_for_redelivery(make_cluster, tmp_path: Path) -> None:
     cluster = await make_cluster()
-    await cluster.control(Prepare(checkpoint_id="ck-3", deadline=soon()))
+    policy = cluster.policy
+    loading, may_finish = asyncio.Event(), asyncio.Event()
+
+    async def slow_load(directory: str) -> int:
+        loading.set()
+        await may_finish.wait()  # the update runs until the policy is stopping
+        return 0
+
+    policy.pool.load_weights = slow_load  # type: ignore[method-assign]
+    update = asyncio.ensure_future(cluster.control(load_weights(tmp_path, 1)))
+    await asyncio.wait_for(loading.wait(), 5)
     call = asyncio.ensure_future(cluster.generate(call_index=4))
-    assert (await asyncio.wait_for(cluster.policy.at_gate.get(), 5))[1] == "admission"
-    await asyncio.wait_for(cluster.policy.stop(), 5)  # does not hang on the waiting call
-    assert not call.done() and cluster.policy.counts["model_calls"] == 0
+    assert (await asyncio.wait_for(policy.at_gate.get(), 5))[1] == "weights"
+    stopping = asyncio.ensure_future(policy.stop())
+    await asyncio.sleep(0)  # stop() has begun: the call at the gate gives up, left for redelivery
+    may_finish.set()
+    await asyncio.wait_for(stopping, 5)  # does not hang on the waiting call
+    await asyncio.gather(update, return_exceptions=True)
+    assert not call.done() and policy.counts["model_calls"] == 0
     # The Generate is back in the policy's queue; a new policy process answers it.
     successor = Observed(cluster.broker, secret=SECRET, engine_host="inline")
     await successor.start()

@@ -1,7 +1,7 @@
 """The tool server with the workspace environment: a command runs while other calls go on, a snapshot
-taken while it runs keeps the workspace as the command found it, a restore takes the state its
-agent's boundary needs (before the command, or after it), and a session that ends or a server that
-stops kills the command still running, the call answered with a typed error."""
+taken while it runs keeps the workspace as the command found it, a cut saves the state its agent's
+boundary holds (before the command, or after it), and a session that ends or a server that stops kills
+the command still running, the call answered with a typed error."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from parkway.actors.builtin.workspace.environment import Workspace
-from parkway.actors.roles.resources import Resources, _saved_sessions
+from parkway.actors.roles.resources import Resources
+from parkway.actors.roles.session_cuts import SavedSession, cut_sessions
 from parkway.actors.runtime.client import Client
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode
@@ -60,13 +62,20 @@ async def call(client: Client, index: int, tool: str, arguments: dict, attempt: 
     return reply
 
 
-def commit() -> Commit:
+def commit(tools: int) -> Commit:
+    """The cut of r1's attempt 0, its agent's last boundary after ``tools`` tool calls."""
     return Commit(
         checkpoint_id="ck-1",
         deadline=time.time() + 30,
         location="tmp_ck-1",
-        episodes=(EpisodeRef(rollout_id="r1", attempt=0, replica=0),),
+        episodes=(EpisodeRef(rollout_id="r1", attempt=0, replica=0, tools=tools),),
     )
+
+
+def saved_at(actor: Resources, tools: int) -> SavedSession:
+    """What a cut at that boundary saves of r1."""
+    [encoded] = cut_sessions(actor, commit(tools).episodes)
+    return msgspec.msgpack.decode(encoded, type=SavedSession)
 
 
 async def restored(tmp_path: Path, saved_dir: Path, first_index: int) -> tuple[Resources, ToolResult]:
@@ -101,23 +110,23 @@ async def test_a_snapshot_during_a_command_keeps_the_workspace_as_it_started(tmp
             if "r1" in actor.sessions and actor.sessions["r1"].running:
                 break
             await asyncio.sleep(0.01)
-        during = _saved_sessions(actor)
+        saved = saved_at(actor, 1)  # its agent parked at the boundary right before the command
         directory = tmp_path / RUN / "snapshot_1" / "participants" / "resources" / "0"
         directory.mkdir(parents=True)
-        await actor.write_snapshot(directory, commit())
+        await actor.write_snapshot(directory, commit(1))
         done = await running
         root = actor.sessions["r1"].env.root
         assert root is not None
         after = walk_digest(root)
-        later = _saved_sessions(actor)
+        still_before = saved_at(actor, 1)  # the command ended, its agent still at that boundary
+        now = saved_at(actor, 2)  # its agent went on past the command
         await actor.stop()
     assert done.ok and done.output["exit_code"] == 0
-    (saved,) = during
     assert saved.revision == 1 and saved.applied == (0,) and saved.before is None
     assert saved.env is not None and [row[0] for row in saved.env["state"]["manifest"]] == ["a.txt"]
-    (now,) = later  # after the command: its state, with the one before it beside
+    assert still_before == saved
     assert now.env is not None and now.env["state"]["digest"] == after and now.revision == 2
-    assert now.before is not None and now.before.call_index == 1
+    assert now.applied == (0, 1)
     # A restore whose agent saved the boundary before the command: the command is sent again.
     actor, listing = await restored(tmp_path, directory, first_index=1)
     assert [e["name"] for e in listing.output["entries"]] == ["a.txt"]
@@ -135,7 +144,7 @@ async def test_a_restore_after_the_command_takes_its_result(tmp_path: Path) -> N
         await call(client, 0, "run", {"command": "echo made > made.txt"})
         directory = tmp_path / RUN / "snapshot_1" / "participants" / "resources" / "0"
         directory.mkdir(parents=True)
-        await actor.write_snapshot(directory, commit())
+        await actor.write_snapshot(directory, commit(1))  # its agent passed the boundary after it
         await actor.stop()
     actor, listing = await restored(tmp_path, directory, first_index=1)
     assert [e["name"] for e in listing.output["entries"]] == ["made.txt"]
@@ -164,7 +173,7 @@ async def end_session(actor: Resources, client: Client, ending: str, tmp_path: P
     elif ending == "restore":  # the sessions are replaced by a snapshot's, taken as the command runs
         directory = tmp_path / RUN / "snapshot_1" / "participants" / "resources" / "0"
         directory.mkdir(parents=True)
-        await actor.write_snapshot(directory, commit())
+        await actor.write_snapshot(directory, commit(1))  # at the boundary before the command
         restore = Restore(
             checkpoint_id="ck-2",
             deadline=time.time() + 30,

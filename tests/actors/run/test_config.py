@@ -64,6 +64,7 @@ def test_the_snapshot_failure_policy_is_checked(snapshots: dict[str, float], mes
         ({"faults": {"fail_attempts": ["nonsense"]}}, "is not ROLLOUT@ATTEMPT:TURN"),
         ({"faults": {"failure_rate": 1.5}}, "faults.failure_rate"),
         ({"resources": {"tool_delay_s": -1}}, "resources.tool_delay_s: must be >= 0"),
+        ({"policy": {"cpu_per_token_s": -0.001}}, "policy.cpu_per_token_s: must be >= 0"),
         ({"run": "Bad Name"}, "run: 'Bad Name'"),
     ],
 )

@@ -263,6 +263,7 @@ async def test_stop_finishes_the_handler_in_progress_and_leaves_the_rest(
 ) -> None:
     actor = Controller(broker, secret=SECRET)
     actor.prefetch = 1  # type: ignore[misc]
+    actor.control_prefetch = 1  # the probes are control commands: they come on the control lane
     await actor.start()
     slow = asyncio.ensure_future(client.request("controller/0", probe("p-slow", work_s=0.2)))
     queued = asyncio.ensure_future(client.request("controller/0", probe("p-next")))

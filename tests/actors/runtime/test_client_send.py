@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from parkway.actors.runtime import client as client_module
 from parkway.actors.runtime.client import Client
-from parkway.brokers.base import BrokerError, Delivery, Envelope
+from parkway.brokers.base import BrokerError, Delivery, Envelope, Lane
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.messages import Probe
 
@@ -23,11 +23,11 @@ class DownFor(MemoryBroker):
         super().__init__(hub, run)
         self.failures = failures
 
-    async def publish(self, address: str, envelope: Envelope) -> None:
+    async def publish(self, address: str, envelope: Envelope, *, lane: Lane = Lane.DATA) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise BrokerError(f"publish to {address!r} failed: <Channel: '1'> closed")
-        await super().publish(address, envelope)
+        await super().publish(address, envelope, lane=lane)
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ async def test_a_patient_send_waits_out_the_outage_and_arrives_once() -> None:
             received.append(delivery)
             await delivery.ack()
 
-        consumer = await broker.consume("agent/0", take)
+        consumer = await broker.consume("agent/0", take, lane=Lane.CONTROL)  # a Probe: a control command
         await until(lambda: bool(received), timeout=5)
         await consumer.cancel()
         assert len(received) == 1  # sent once, after three refusals
@@ -68,3 +68,13 @@ async def test_an_impatient_send_and_one_past_its_bound_raise_the_brokers_error(
         with pytest.raises(BrokerError, match="closed"):
             await sender.send("agent/0", probe, correlation_id="ck-1", retry_for_s=0.05)
         assert before - broker.failures > 1  # it did try again before giving up
+
+
+async def test_a_correlation_id_longer_than_amqp_carries_is_a_typed_refusal_not_a_transport_error() -> None:
+    from parkway.protocol.errors import ErrorCode, ProtocolError
+
+    async with MemoryBroker(MemoryHub(), "unit") as broker:
+        sender = Client(broker, secret=b"s" * 32, sender="controller/0")
+        with pytest.raises(ProtocolError) as refused:
+            sender.envelope(Probe(checkpoint_id="p-1", deadline=1e10), correlation_id="x" * 256, to="tq/0")
+    assert refused.value.code is ErrorCode.INVALID_MESSAGE and "255 bytes" in refused.value.detail

@@ -241,7 +241,7 @@ async def test_the_newest_snapshots_age_and_the_last_failure_are_gauges(
     assert summary.snapshots_published == 1 and summary.snapshots_failed >= 2
     assert summary.rollouts_sealed == summary.rollouts_expected
     assert health.newest_snapshot == "snapshot_1" and health.consecutive_failures == summary.snapshots_failed
-    assert health.last_failure_step == "commit" and "No space left on device" in health.last_failure_reason
+    assert health.last_failure_step == "persist" and "No space left on device" in health.last_failure_reason
     assert value(controller, "parkway_snapshot_consecutive_failures") == summary.snapshots_failed
     assert value(controller, "parkway_snapshot_last_failure_timestamp_seconds") == health.last_failure_at
     age = value(controller, "parkway_snapshot_age_seconds")  # read now: since snapshot_1's created_at

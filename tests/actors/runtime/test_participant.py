@@ -25,6 +25,8 @@ from parkway.protocol.messages import (
     EpisodeRef,
     Error,
     Ok,
+    Persist,
+    Persisted,
     Prepare,
     Prepared,
     Renew,
@@ -57,7 +59,7 @@ class Gated(Participant):
     async def close_admission(self) -> None:
         self.admission_closed.set()
 
-    async def wait_until_parked(self) -> ParkReport:
+    async def wait_until_parked(self, command: Prepare) -> ParkReport:
         await self.may_park.wait()
         return ParkReport(parked=2, boundaries_passed=5)
 
@@ -85,7 +87,7 @@ async def phase_of(client: Client) -> str:
     return reply.phase
 
 
-async def test_a_full_cycle_writes_a_verifiable_record(setup) -> None:
+async def test_a_full_cycle_writes_a_verifiable_record_after_the_resume(setup) -> None:
     actor, client, root = setup
     prepared = await client.request("gated/0", Prepare(checkpoint_id="ck-1", deadline=soon()))
     assert prepared == Prepared(checkpoint_id="ck-1", parked=2, boundaries_passed=5)
@@ -93,14 +95,45 @@ async def test_a_full_cycle_writes_a_verifiable_record(setup) -> None:
         "gated/0", Commit(checkpoint_id="ck-1", deadline=soon(), location="tmp_ck-1", episodes=EPISODES)
     )
     assert isinstance(committed, Committed) and committed.episodes == EPISODES
-    [digest] = committed.files
-    written = root / RUN / "tmp_ck-1" / "participants" / "gated" / "0" / digest.path
-    assert hashlib.sha256(written.read_bytes()).hexdigest() == digest.sha256
-    assert msgspec.msgpack.decode(written.read_bytes())[0]["episodes"][0]["rollout_id"] == "g_g0"
+    assert committed.files == () and not (root / RUN / "tmp_ck-1").exists()  # the cut is in memory
     assert await client.request("gated/0", Resume(checkpoint_id="ck-1", deadline=soon())) == Ok(
         detail="resumed"
     )
     assert await phase_of(client) == "idle" and actor.releases == 1
+    # Written after the window, the participant already running on.
+    persisted = await client.request(
+        "gated/0", Persist(checkpoint_id="ck-1", deadline=soon(), location="tmp_ck-1")
+    )
+    assert isinstance(persisted, Persisted)
+    [digest] = persisted.files
+    written = root / RUN / "tmp_ck-1" / "participants" / "gated" / "0" / digest.path
+    assert hashlib.sha256(written.read_bytes()).hexdigest() == digest.sha256
+    assert msgspec.msgpack.decode(written.read_bytes())[0]["episodes"][0]["rollout_id"] == "g_g0"
+    again = await client.request(
+        "gated/0", Persist(checkpoint_id="ck-1", deadline=soon(), location="tmp_ck-1")
+    )
+    assert again == persisted  # a Persist sent again is answered, not written twice
+
+
+async def test_a_cut_aborted_after_the_resume_is_never_written(setup) -> None:
+    _, client, root = setup
+    await client.request("gated/0", Prepare(checkpoint_id="ck-5", deadline=soon()))
+    await client.request(
+        "gated/0", Commit(checkpoint_id="ck-5", deadline=soon(), location="tmp_ck-5", episodes=EPISODES)
+    )
+    await client.request("gated/0", Resume(checkpoint_id="ck-5", deadline=soon()))
+    # The snapshot failed once admission reopened (its ledger could not be written, say).
+    aborted = await client.request("gated/0", Abort(checkpoint_id="ck-5", deadline=soon()))
+    assert aborted == Ok(detail="aborted: its cut dropped")
+    late = await client.request(
+        "gated/0", Persist(checkpoint_id="ck-5", deadline=soon(), location="tmp_ck-5")
+    )
+    assert isinstance(late, Error) and late.code is ErrorCode.STALE_CHECKPOINT
+    assert not (root / RUN / "tmp_ck-5").exists()
+    never = await client.request(
+        "gated/0", Persist(checkpoint_id="ck-6", deadline=soon(), location="tmp_ck-6")
+    )
+    assert isinstance(never, Error) and never.code is ErrorCode.STALE_CHECKPOINT  # no cut was ever taken
 
 
 async def test_abort_between_prepared_and_commit(setup) -> None:

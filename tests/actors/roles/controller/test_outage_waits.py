@@ -41,7 +41,7 @@ async def test_a_restore_failing_at_a_step_is_retried_and_the_run_completes(
     real_request = Participants.request
     failed: list[str] = []
 
-    async def request(self: Participants, address: str, message: Message) -> Message:
+    async def request(self: Participants, address: str, message: Message, **kwargs: object) -> Message:
         # The broker is down for the whole first discover step: every request of it fails.
         if isinstance(message, Discover) and len(failed) < 4:
             failed.append(address)
@@ -49,7 +49,7 @@ async def test_a_restore_failing_at_a_step_is_retried_and_the_run_completes(
                 raise BrokerError(f"publish to {address!r} failed: the broker is down (test)")
             except BrokerError as exc:
                 raise SnapshotFailure("request", f"{address}: {exc}", transient=True) from exc
-        return await real_request(self, address, message)
+        return await real_request(self, address, message, **kwargs)
 
     monkeypatch.setattr(Participants, "request", request)
     with structlog.testing.capture_logs() as logs:

@@ -82,10 +82,11 @@ def the_one_abort(logs: list[dict[str, Any]], step: str, errno_text: str) -> str
 @pytest.mark.parametrize(
     ("spec", "step", "error"),
     [
-        ("commit_write:resources=ENOSPC@2", "commit", "No space left on device"),
-        ("commit_write:agent=EIO@2", "commit", "Input/output error"),
-        ("commit_write:tq=ENOSPC@2", "capture", "No space left on device"),  # TQ writes at the cut
-        ("capture_write=ENOSPC@2", "capture", "No space left on device"),  # the controller's ledger
+        # Each participant writes its cut at Persist, after the window; the controller its ledger.
+        ("commit_write:resources=ENOSPC@2", "persist", "No space left on device"),
+        ("commit_write:agent=EIO@2", "persist", "Input/output error"),
+        ("commit_write:tq=ENOSPC@2", "persist", "No space left on device"),
+        ("capture_write=ENOSPC@2", "persist", "No space left on device"),
         ("publish_write=ENOSPC@2", "publish", "No space left on device"),  # the manifest
         ("publish_fsync:files=EIO@3", "publish", "Input/output error"),
         ("publish_rename=EIO@2", "publish", "Input/output error"),
@@ -95,7 +96,10 @@ def the_one_abort(logs: list[dict[str, Any]], step: str, errno_text: str) -> str
 async def test_a_storage_fault_aborts_that_snapshot_and_the_run_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: RunSummary, spec: str, step: str, error: str
 ) -> None:
-    summary, logs = await faulty_run(tmp_path, monkeypatch, spec)
+    # Slow enough that the run outlasts the failed snapshot by a few more (the fault at persist comes
+    # after the window, later in the snapshot than a fault inside it).
+    slower = {"host": "inline", "per_token_delay_s": 0.002}
+    summary, logs = await faulty_run(tmp_path, monkeypatch, spec, policy=slower)
     cid = the_one_abort(logs, step, error)
     assert summary.snapshots_failed == 1
     events = [e["event"] for e in logs]
@@ -109,7 +113,7 @@ async def test_a_storage_fault_aborts_that_snapshot_and_the_run_goes_on(
         assert json.loads((snapshot / "manifest.json").read_text())["checkpoint_id"] != cid
     if spec.startswith("commit_write"):
         role = spec.split(":")[1].split("=")[0]
-        failed = [e for e in logs if e["event"] == "commit_failed"]
+        failed = [e for e in logs if e["event"] == "persist_failed"]
         assert failed and all(e["actor"].startswith(role) and e["checkpoint_id"] == cid for e in failed)
         assert {e["errno"] for e in failed} <= {"ENOSPC", "EIO"}
 

@@ -1,0 +1,44 @@
+"""What each participant's commands of a snapshot name: the exact episode scopes, from the ledger."""
+
+from __future__ import annotations
+
+from parkway.protocol.ids import Role, actor_address, parse_address
+from parkway.protocol.ledger import AttemptState, Ledger
+from parkway.protocol.messages import EpisodeRef
+
+# Ledger states of an attempt the controller gave up on: a cut does not keep it.
+GIVEN_UP = frozenset({AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.RETIRED})
+
+
+def dispatched_to(ledger: Ledger) -> dict[str, tuple[EpisodeRef, ...]]:
+    """Each agent's dispatched attempts: its Prepare waits until their Runs arrived."""
+    scope: dict[str, list[EpisodeRef]] = {}
+    for sibling, attempt in ledger.attempts():
+        if attempt.state is AttemptState.DISPATCHED and attempt.replica is not None:
+            scope.setdefault(actor_address(Role.AGENT, attempt.replica), []).append(
+                EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=attempt.replica)
+            )
+    return {address: tuple(refs) for address, refs in scope.items()}
+
+
+def given_up(ledger: Ledger, episode: EpisodeRef) -> bool:
+    """Whether the ledger settled this attempt as given up on (failed, abandoned or retired)."""
+    if not ledger.knows(episode.rollout_id):
+        return False
+    attempts = ledger.sibling(episode.rollout_id).attempts
+    return episode.attempt < len(attempts) and attempts[episode.attempt].state in GIVEN_UP
+
+
+def kept(cut: list[EpisodeRef], dispatched: set[tuple[str, int]], ledger: Ledger) -> tuple[EpisodeRef, ...]:
+    """The episodes of the agents' cuts a snapshot keeps: all but those the controller has given up on
+    since they were cut (their group is redone: a sibling's failure was drained)."""
+    return tuple(e for e in cut if (e.rollout_id, e.attempt) in dispatched or not given_up(ledger, e))
+
+
+def commit_scope(address: str, cut: tuple[EpisodeRef, ...]) -> tuple[EpisodeRef, ...]:
+    """What a participant's Commit names: an agent its own episodes of the cut, a tool server all of
+    them (each at its boundary), the policy and TQ nothing."""
+    role, replica = parse_address(address)
+    if role == Role.AGENT:
+        return tuple(e for e in cut if e.replica == replica)
+    return cut if role == Role.RESOURCES else ()
