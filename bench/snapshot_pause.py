@@ -5,6 +5,7 @@ bounds checked on the medians.
     python bench/snapshot_pause.py [--variants n16 n256 n1024 n256-tools5s n256-turns5 n256-turns50]
                                    [--rounds 3] [--modes rabbitmq] [--delay 0.05] [--tool-delay 0.1]
                                    [--turns 12] [--snapshots 8] [--every 2] [--progress 0.5] [--quick]
+                                   [--baseline PYTHONPATH]
 
 A variant is named by what it changes: ``n256`` is 256 rollouts in flight with the default tools
 (``--tool-delay``) and turns (``--turns``); ``-tools5s`` (or ``-tools250ms``) sets every tool call's
@@ -32,6 +33,12 @@ rounds of each round's p50 and p95 window and of each step's p50, and the 1-minu
 after every point. Then the issue's figures, each from the rounds' p95s both as the median of the
 per-round ratios and as the ratio of the medians, against its bound (p95 <= 50 ms; ratios <= 1.5).
 
+``--baseline DIR`` compares with another build in the same sitting: DIR is a ``PYTHONPATH`` entry
+whose ``parkway`` is the other build (a link tree: ``ln -s /path/to/old-checkout DIR/parkway``). Every
+point of each build then runs in a process of its own, the two builds' points of one variant back to
+back, which goes first alternating from round to round; the baseline's rows and figures carry the mode
+``<mode>@baseline``.
+
 The defaults take about 25 minutes on this 2-core machine (the 50-turn variant's two minutes of warm-up
 three times over is the longest part); ``--quick`` about one. Writes ``bench/results/snapshot_pause.json``
 and ``.png``. Not a test: nothing here asserts on time.
@@ -46,10 +53,13 @@ _sys.path.insert(0, str(_Path(__file__).resolve().parent))  # bench/ is scripts,
 
 import argparse
 import asyncio
+import json
 import math
+import os
 import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
@@ -384,6 +394,40 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found
 
 
+# -- this build against a baseline ----------------------------------------------------------------------
+
+
+def builds_compared(baseline: str | None) -> list[tuple[str, str | None]]:
+    """(mode suffix, PYTHONPATH) per build; None: this process runs the point itself."""
+    if baseline is None:
+        return [("", None)]
+    if not (_Path(baseline) / "parkway").is_dir():
+        raise SystemExit(f"--baseline {baseline}: no parkway package there (link one: DIR/parkway)")
+    return [("", os.environ.get("PYTHONPATH", "")), ("@baseline", os.path.abspath(baseline))]
+
+
+def run_point(
+    variant: Variant, mode: str, args: argparse.Namespace, pythonpath: str | None
+) -> dict[str, Any]:
+    """One point: here, or in a process of its own that imports ``parkway`` from ``pythonpath``."""
+    if pythonpath is None:
+        return asyncio.run(measure(variant, mode, args))
+    with tempfile.TemporaryDirectory(prefix="parkway-point-") as tmp:
+        out = _Path(tmp) / "point.json"
+        command = [
+            _sys.executable,
+            str(_Path(__file__).resolve()),
+            *("--variants", variant.name, "--modes", mode, "--point-out", str(out)),
+            *("--delay", str(args.delay), "--tool-delay", str(args.tool_delay), "--turns", str(args.turns)),
+            *("--prompts", str(args.prompts), "--warmup", str(args.warmup)),
+            *("--progress", str(args.progress), "--snapshots", str(args.snapshots)),
+            *("--every", str(args.every)),
+        ]
+        env = {**os.environ, "PYTHONPATH": pythonpath}
+        subprocess.run(command, env=env, check=True)
+        return json.loads(out.read_text())
+
+
 # -- what it prints and draws -------------------------------------------------------------------------------
 
 
@@ -532,7 +576,17 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=2.0, help="seconds between snapshots")
     common.add_quick(parser, "1 round of n16 and n256, 4 snapshots 1 s apart from a quarter of the turns")
     common.add_name(parser, "snapshot_pause")
+    parser.add_argument(
+        "--baseline", metavar="PYTHONPATH", help="another build's PYTHONPATH entry, measured interleaved"
+    )
+    parser.add_argument("--point-out", help=argparse.SUPPRESS)  # internal: run one point, write it here
     args = parser.parse_args()
+    if args.point_out:
+        [variant] = [parse_variant(v, tool_delay_s=args.tool_delay, turns=args.turns) for v in args.variants]
+        [mode] = args.modes
+        point = asyncio.run(measure(variant, mode, args))
+        _Path(args.point_out).write_text(json.dumps(point))
+        return
     if args.quick:
         args.rounds, args.variants, args.snapshots, args.every, args.progress = (
             1,
@@ -545,20 +599,22 @@ def main() -> None:
     began = common.machine()
     started = time.monotonic()
     points = []
+    builds = builds_compared(args.baseline)
     for round_index in range(args.rounds):
         for variant in round_order(variants, round_index):
             for mode in args.modes:
-                before = common.load_1m()
-                point = asyncio.run(measure(variant, mode, args))
-                point.update(round=round_index, load_1m=[before, common.load_1m()])
-                points.append(point)
-                print(
-                    f"  round {round_index} {variant.name} {mode}: pause p50 {point['pause_ms']['p50']:.0f} "
-                    f"p95 {point['pause_ms']['p95']:.0f} ms, tool calls running {point['tool_calls_running']}, "
-                    f"{point['seconds']:.0f} s {point['phases_s']}, load {point['load_1m'][0]} > {point['load_1m'][1]}",
-                    file=_sys.stderr,
-                )
-    rows = aggregate(points, variants, args.modes)
+                for suffix, pythonpath in builds[round_index % 2 :] + builds[: round_index % 2]:
+                    before = common.load_1m()
+                    point = run_point(variant, mode, args, pythonpath)
+                    point.update(mode=mode + suffix, round=round_index, load_1m=[before, common.load_1m()])
+                    points.append(point)
+                    print(
+                        f"  round {round_index} {variant.name} {point['mode']}: pause p50 {point['pause_ms']['p50']:.0f} "
+                        f"p95 {point['pause_ms']['p95']:.0f} ms, tool calls running {point['tool_calls_running']}, "
+                        f"{point['seconds']:.0f} s {point['phases_s']}, load {point['load_1m'][0]} > {point['load_1m'][1]}",
+                        file=_sys.stderr,
+                    )
+    rows = aggregate(points, variants, [m + suffix for m in args.modes for suffix, _ in builds])
     found = checks(rows)
     minutes = (time.monotonic() - started) / 60
     print(table(rows))

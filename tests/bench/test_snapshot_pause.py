@@ -129,3 +129,12 @@ def test_medians_over_rounds_and_the_issues_ratios_two_ways() -> None:
     assert "persist" not in table and "publish" in table and "NO" in table
     partial = bench.checks([r for name, r in rows.items() if name in ("n16", "n256")])
     assert [c["variant"] for c in partial] == ["n256"]  # a ratio whose variants did not run is left out
+
+
+def test_a_baseline_is_another_builds_parkway_measured_beside_this_one(tmp_path: Path) -> None:
+    assert bench.builds_compared(None) == [("", None)]  # alone: the points run in this process
+    with pytest.raises(SystemExit, match="no parkway package"):
+        bench.builds_compared(str(tmp_path))
+    (tmp_path / "parkway").mkdir()
+    [(this, _), (other, path)] = bench.builds_compared(str(tmp_path))
+    assert (this, other, path) == ("", "@baseline", str(tmp_path))

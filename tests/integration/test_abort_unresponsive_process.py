@@ -1,9 +1,10 @@
 """An aborted snapshot reopens admission when the abort is decided, not when a stopped participant
 answers it.
 
-Every actor is its own process on the real RabbitMQ; the controller is ``parkway run``. After the
-first snapshot publishes, the agent process is stopped with SIGSTOP (the agents are who a snapshot's
-window waits for): the next snapshot's prepare reaches its deadline and the snapshot is aborted. The
+Every actor is its own process on the real RabbitMQ; the controller is ``parkway run``. The agent (the
+agents are who a snapshot's window waits for) stops itself with SIGSTOP in the middle of its second
+Prepare (the fault point ``participant_prepare:agent=STOP@2``: inside the window, after the first
+snapshot published), so that snapshot's prepare reaches its deadline and the snapshot is aborted. The
 controller reopens the gate at once, while its Abort to the stopped agent is still in flight under
 the same id. Only once the gate has reopened is the agent sent SIGCONT; its acknowledgement of that
 Abort arrives later, and the next snapshot waits for the abort round to end before it prepares (a
@@ -51,7 +52,8 @@ async def test_the_gate_reopens_when_the_abort_is_decided_not_when_a_stopped_age
     config.write_text(STOPPED_CONFIG)
     state = tmp_path / "state"
     args = ("--config", str(config))
-    actors = {role: spawn(role, 0, args=args) for role in ("tq", "policy", "resources", "agent")}
+    actors = {role: spawn(role, 0, args=args) for role in ("tq", "policy", "resources")}
+    actors["agent"] = spawn("agent", 0, args=args, PARKWAY_FAULTS="participant_prepare:agent=STOP@2")
     for actor in actors.values():
         await wait_ready(client, actor, timeout=60)
     stopped = actors["agent"].pid
@@ -59,9 +61,6 @@ async def test_the_gate_reopens_when_the_abort_is_decided_not_when_a_stopped_age
     driver = start_driver(config, run_name, state, amqp_url)
     assert driver.stderr is not None
     log = LogLines(driver.stderr)
-    assert await log.wait_for(lambda ev: position(ev, "snapshot_published") is not None, driver)
-
-    os.kill(stopped, signal.SIGSTOP)
     try:
 
         def reopened_after_abort(events: list[dict[str, Any]]) -> bool:
@@ -75,6 +74,7 @@ async def test_the_gate_reopens_when_the_abort_is_decided_not_when_a_stopped_age
     finally:
         os.kill(stopped, signal.SIGCONT)
     assert reopened, log.text()[-3000:]
+    assert "parkway: fault point participant_prepare: stopped" in actors["agent"].log_text()
     events = log.events()
     aborted = position(events, "snapshot_aborted")
     assert aborted is not None
