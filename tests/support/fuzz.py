@@ -339,9 +339,11 @@ def hostile_bodies(draw: st.DrawFn) -> bytes:
 
 
 @st.composite
-def fuzzed(draw: st.DrawFn, focus: tuple[str, ...] = ()) -> Fuzzed:
+def fuzzed(draw: st.DrawFn, focus: tuple[str, ...] = (), category: str | None = None) -> Fuzzed:
+    """One hostile delivery; ``category`` forces one of ``CATEGORIES`` (drawn by weight otherwise)."""
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
-    category = rng.choices(CATEGORIES, weights=_WEIGHTS)[0]
+    drawn = rng.choices(CATEGORIES, weights=_WEIGHTS)[0]
+    category = category if category is not None else drawn
     # A data request's reply is cached by its correlation id: mostly fresh ones, sometimes a repeat.
     correlation_id = rng.choice(CHECKPOINT_POOL) if rng.random() < 0.2 else f"fz-{rng.getrandbits(40):010x}"
     content_type = rng.choice([codec.MSGPACK, codec.MSGPACK, codec.JSON])
