@@ -179,15 +179,20 @@ async def embedded(data: dict[str, Any]) -> RunSummary:
 async def delete_run(config: RunConfig) -> None:
     """Delete a run's queues and exchanges on RabbitMQ (durable: they would outlive the benchmark)."""
     import aio_pika
-    from parkway.brokers.rabbitmq import run_exchanges, run_queues
 
     # The controller's process declares its own queues and, hosted inline, the trainer's.
     addresses = sorted({f"{role}/{i}" for role, i in roles(config)} | {"controller/0", "trainer/0"})
+    try:
+        from parkway.brokers.rabbitmq import run_exchanges, run_queues
+
+        queues, exchanges = run_queues(config.run, addresses), run_exchanges(config.run)
+    except ImportError:  # a build before the control lanes (snapshot_pause --baseline): one queue each
+        prefix = f"pk.{config.run}"
+        queues = [*(f"{prefix}.q.{a}" for a in addresses), f"{prefix}.dead", f"{prefix}.logs"]
+        exchanges = [prefix, f"{prefix}.dlx", f"{prefix}.logs"]
     connection = await aio_pika.connect(URL)
     async with connection:
-        for kind, name in [("queue", q) for q in run_queues(config.run, addresses)] + [
-            ("exchange", e) for e in run_exchanges(config.run)
-        ]:
+        for kind, name in [("queue", q) for q in queues] + [("exchange", e) for e in exchanges]:
             with contextlib.suppress(Exception):  # one channel each: an error closes its channel
                 async with connection.channel() as channel:
                     if kind == "queue":

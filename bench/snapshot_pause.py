@@ -165,7 +165,8 @@ def workload(variant: Variant, args: argparse.Namespace) -> dict[str, Any]:
     # Four times the rollouts that run at once (finished ones are replaced, so in flight stays at the
     # target, and the dataset never runs out during a point), or ``--prompts`` prompts: the dataset
     # behind them, which must not matter.
-    prompts = max(args.prompts, math.ceil(4 * variant.in_flight / GROUP_SIZE))
+    # A variant at a fixed rate finishes its rollouts rate / in flight times as fast: as many more.
+    prompts = max(args.prompts, math.ceil(4 * max(variant.in_flight, variant.rate or 0) / GROUP_SIZE))
     return {
         "run": f"pause{uuid.uuid4().hex[:6]}",
         "seed": 7,
