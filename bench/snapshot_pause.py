@@ -9,9 +9,10 @@ bounds checked on the medians.
 
 A variant is named by what it changes: ``n256`` is 256 rollouts in flight with the default tools
 (``--tool-delay``) and turns (``--turns``); ``-tools5s`` (or ``-tools250ms``) sets every tool call's
-time, ``-turns50`` every rollout's turns; any such name may be given to ``--variants``. The default set
-is what the issue's figures need: 16, 256 and 1024 in flight, and at 256 tools of 5 s, and rollouts of
-5 and of 50 turns.
+time, ``-turns50`` every rollout's turns, ``-rate256`` makes the model calls come as often as 256
+rollouts make them, whatever the variant holds in flight; any such name may be given to
+``--variants``. The default set is what the issue's figures need: 16, 256 and 1024 in flight, at 256
+tools of 5 s and rollouts of 5 and of 50 turns, and 16 and 1024 at the rate of 256.
 
 Each round runs every variant once, in an order rotated from round to round (a slow drift of this
 shared machine falls on all of them alike), each on a fresh cluster: in mode ``rabbitmq`` every actor
@@ -39,7 +40,7 @@ point of each build then runs in a process of its own, the two builds' points of
 back, which goes first alternating from round to round; the baseline's rows and figures carry the mode
 ``<mode>@baseline``.
 
-The defaults take about 25 minutes on this 2-core machine (the 50-turn variant's two minutes of warm-up
+The defaults take about 30 minutes on this 2-core machine (the 50-turn variant's two minutes of warm-up
 three times over is the longest part); ``--quick`` about one. Writes ``bench/results/snapshot_pause.json``
 and ``.png``. Not a test: nothing here asserts on time.
 """
