@@ -81,6 +81,20 @@ async def uncrashed_of(data: dict[str, Any], state: Path) -> RunSummary:
         )
 
 
+async def restored_as_uncrashed(data: dict[str, Any], state: Path, reference: RunSummary) -> None:
+    """A fresh cluster restores the snapshot in ``state`` and ends as the uncrashed run did: every
+    rollout sealed, no tool mutation applied twice, the same transcripts."""
+    cfg = from_dict(data)
+    async with MemoryBroker(MemoryHub(), cfg.run) as broker:
+        resumed = await run_workload(
+            broker, SECRET, cfg, load_tasks(cfg.tasks), embedded=True, state_root=state
+        )
+    assert resumed.restores == 1 and resumed.rollouts_restored >= 1
+    assert resumed.rollouts_sealed == resumed.rollouts_expected == 2 and resumed.rollouts_failed == 0
+    assert resumed.tool_mutations_duplicated == 0 and resumed.mean_reward == 1.0
+    assert resumed.transcripts_sha256 == reference.transcripts_sha256
+
+
 async def snapshot_while_a_call_is_held(
     state: Path, monkeypatch: pytest.MonkeyPatch, **overrides: Any
 ) -> tuple[Message | None, dict[str, Any]]:
@@ -136,16 +150,8 @@ async def test_a_tool_call_in_flight_does_not_hold_the_cut(
     manifest = json.loads((state / "snapshots" / "midround" / "snapshot_1" / "manifest.json").read_text())
     assert ["t0000_g0", 0] in manifest["episodes"], "the held rollout is in the cut, mid-round"
 
-    cfg = from_dict(config())
-    async with MemoryBroker(MemoryHub(), cfg.run) as broker:
-        resumed = await run_workload(
-            broker, SECRET, cfg, load_tasks(cfg.tasks), embedded=True, state_root=state
-        )
-    assert resumed.restores == 1 and resumed.rollouts_restored >= 1
-    assert resumed.rollouts_sealed == resumed.rollouts_expected == 2 and resumed.rollouts_failed == 0
     # The round redone from its boundary on the session as it was there: each increment once.
-    assert resumed.tool_mutations_duplicated == 0 and resumed.mean_reward == 1.0
-    assert resumed.transcripts_sha256 == reference.transcripts_sha256
+    await restored_as_uncrashed(config(), state, reference)
 
 
 async def test_without_round_copies_the_cut_waits_for_the_call(
@@ -206,12 +212,4 @@ async def test_a_rollout_runs_on_for_rounds_before_its_tool_server_cuts(
 
     data = config(rollout={"group_size": 2, "max_turns": 8})
     reference = await uncrashed_of(data, tmp_path / "reference8")
-    cfg = from_dict(data)
-    async with MemoryBroker(MemoryHub(), cfg.run) as broker:
-        resumed = await run_workload(
-            broker, SECRET, cfg, load_tasks(cfg.tasks), embedded=True, state_root=state
-        )
-    assert resumed.restores == 1 and resumed.rollouts_restored >= 1
-    assert resumed.rollouts_sealed == resumed.rollouts_expected == 2 and resumed.rollouts_failed == 0
-    assert resumed.tool_mutations_duplicated == 0 and resumed.mean_reward == 1.0
-    assert resumed.transcripts_sha256 == reference.transcripts_sha256
+    await restored_as_uncrashed(data, state, reference)
