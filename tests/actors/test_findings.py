@@ -11,6 +11,7 @@ rollouts continued and how few turns were generated again).
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -236,17 +237,22 @@ async def test_a_failed_verify_does_not_leak_the_session(tmp_path: Path, monkeyp
 async def test_a_model_error_during_a_snapshot_keeps_the_rollout_parked(tmp_path: Path, monkeypatch) -> None:
     # Found with vLLM: an error reply (not held like a reply) let a parked rollout fail between prepare and
     # commit, so the agent saved an attempt the ledger had already failed and the snapshot ended the run.
+    # Forced, not hoped for: an agent holding a cut (from its Prepare to its Resume) lets go of it only
+    # once a model call has come back as an error meanwhile (its rollouts run on after the cut).
     from parkway.actors.engines.ray_host import EnginePool
-    from parkway.actors.roles.policy import Policy
+    from parkway.actors.roles.agent import Agent
 
     state = {"closed": False, "errors": 0}
-    close, release, generate = Policy.close_admission, Policy.release, EnginePool.generate
+    errored = asyncio.Event()
+    close, release, generate = Agent.close_admission, Agent.release, EnginePool.generate
 
-    async def closing(self: Policy) -> None:
+    async def closing(self: Agent) -> None:
         state["closed"] = True
         await close(self)
 
-    async def releasing(self: Policy) -> None:
+    async def releasing(self: Agent) -> None:
+        if state["errors"] == 0:
+            await asyncio.wait_for(errored.wait(), 60)  # (bounded: a run with no model call would hang)
         state["closed"] = False
         await release(self)
 
@@ -254,14 +260,15 @@ async def test_a_model_error_during_a_snapshot_keeps_the_rollout_parked(tmp_path
         result = await generate(self, request)
         if state["closed"] and state["errors"] < 3:
             state["errors"] += 1
+            errored.set()
             raise RuntimeError("engine died")  # an internal error reply, which the policy does not hold
         return result
 
-    monkeypatch.setattr(Policy, "close_admission", closing)
-    monkeypatch.setattr(Policy, "release", releasing)
+    monkeypatch.setattr(Agent, "close_admission", closing)
+    monkeypatch.setattr(Agent, "release", releasing)
     monkeypatch.setattr(EnginePool, "generate", dies_mid_checkpoint)
     summary = await run(tmp_path, policy={"host": "inline", "per_token_delay_s": 0.002})
-    assert state["errors"] >= 1  # errors really came back while rollouts were parked
+    assert state["errors"] >= 1  # errors really came back while an agent held its cut
     assert summary.snapshots_published >= 1 and summary.snapshots_failed == 0
     assert summary.rollouts_sealed == 6 and summary.attempts_failed == state["errors"]
 
