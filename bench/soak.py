@@ -1,7 +1,7 @@
 """A long run through the same actor processes: memory and per-snapshot cost over 100,000 rollouts.
 
     python bench/soak.py [--rollouts 100000] [--in-flight 256] [--turns 1] [--snapshot-every 3]
-                         [--sample-every 5] [--warmup 0.1] [--quick] [--name soak]
+                         [--sample-every 5] [--warmup 0.1] [--trace-allocations] [--quick] [--name soak]
 
 Every actor is its own ``parkway actor`` process over the local RabbitMQ (2 agents, 2 tool servers,
 the policy, TQ), the controller and the inline trainer in this process, as ``parkway run --broker``
@@ -18,7 +18,9 @@ the end, per process, and its growth per 100,000 rollouts (a least-squares line 
 after warm-up); the medians of the commit and resume steps over the first and the last tenth of the
 snapshots, and their ratio; the load average. Then the criteria of the long-run work, one pass/fail
 line each: growth under 5 MB per 100,000 rollouts per process, and the last tenth's commit and resume
-medians at most 10% above the first tenth's. Writes ``bench/results/NAME.json`` and ``.png`` (RSS and
+medians at most 10% above the first tenth's. ``--trace-allocations`` starts tracemalloc in every process
+once warm-up is over and reports, at the end, the lines still holding what was allocated since (for
+finding what grows; tracing slows the run). Writes ``bench/results/NAME.json`` and ``.png`` (RSS and
 step times against rollouts sealed). Not a test: the criteria are printed, nothing raises.
 """
 
@@ -34,14 +36,19 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import statistics
+import tempfile
 import time
+import tracemalloc
 import uuid
 from typing import Any
 
 import cluster
 import common
 import msgspec
+from parkway.actors.runtime.memory import top_allocations
+from parkway.protocol.inspection import MemoryReport, MemoryUsage
 from parkway.protocol.messages import Status, StatusReport
 
 CONTROLLER = "controller"  # this process: the controller, the inline trainer, the benchmark's sampler
@@ -119,6 +126,37 @@ async def sample(c: cluster.Cluster, began: float) -> dict[str, Any]:
     }
 
 
+async def memory_report(c: cluster.Cluster, address: str, **asked: Any) -> MemoryUsage | None:
+    """An actor's ``MemoryReport`` (None when it does not answer in time)."""
+    request = MemoryReport(
+        checkpoint_id=f"soak-mem-{time.monotonic_ns()}", deadline=time.time() + 10, **asked
+    )
+    try:
+        reply = await asyncio.wait_for(c.controller.client.request(address, request), 15)
+    except Exception:
+        return None
+    return reply if isinstance(reply, MemoryUsage) else None
+
+
+async def start_tracing(c: cluster.Cluster) -> None:
+    """tracemalloc on in every process from now: what it sees at the end is what was allocated after
+    warm-up and is still held, by line (slower allocation: a run that traces is for finding, not timing)."""
+    await asyncio.gather(*(memory_report(c, p.name, start=True) for p in c.processes))
+    if not tracemalloc.is_tracing():
+        tracemalloc.start(1)
+
+
+async def traced_allocations(c: cluster.Cluster, top: int) -> dict[str, list[dict[str, Any]]]:
+    """Every process's top ``top`` allocation sites still held, traced since warm-up."""
+    reports = await asyncio.gather(*(memory_report(c, p.name, top=top) for p in c.processes))
+    found = {
+        p.name: [msgspec.to_builtins(a) for a in r.top] if r else []
+        for p, r in zip(c.processes, reports, strict=True)
+    }
+    found[CONTROLLER] = [msgspec.to_builtins(a) for a in top_allocations(top)]
+    return found
+
+
 def new_records(c: cluster.Cluster, seen: int) -> tuple[list[dict[str, Any]], int]:
     """Snapshot records published since ``seen`` were (by the controller's count, which goes on if
     the records themselves are ever bounded)."""
@@ -131,13 +169,36 @@ def new_records(c: cluster.Cluster, seen: int) -> tuple[list[dict[str, Any]], in
     return [dict(r) for r in records], published
 
 
+class Spool:
+    """Samples written to a file as they are taken and read back at the end: the benchmark's own
+    records stay out of the process it measures (the controller's), where 400 snapshot records and
+    300 samples of every actor's structures were about 2 MB of its growth."""
+
+    def __init__(self, path: _Path) -> None:
+        self.path = path
+        self.count = 0
+        self.last: dict[str, Any] | None = None
+
+    def append(self, item: dict[str, Any]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(item) + "\n")
+        self.count += 1
+        self.last = item
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    samples: list[dict[str, Any]] = []
-    snapshots: list[dict[str, Any]] = []
+    spool = _Path(tempfile.mkdtemp(prefix="parkway-soak-"))
+    samples, snapshots = Spool(spool / "samples.jsonl"), Spool(spool / "snapshots.jsonl")
     async with cluster.started(workload(args), "rabbitmq", actor_log_level=args.actor_log_level) as c:
         began = time.monotonic()
         run = asyncio.ensure_future(c.run())
         seen, next_sample, last_line = 0, 0.0, 0.0
+        tracing = False
         while not run.done() and (args.max_seconds is None or time.monotonic() - began < args.max_seconds):
             await asyncio.wait({run}, timeout=0.5)
             fresh, seen = new_records(c, seen)
@@ -146,6 +207,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 record["rollouts_sealed"] = c.controller.counts["rollouts_sealed"]
                 snapshots.append(record)
             now = time.monotonic() - began
+            sealed = c.controller.counts["rollouts_sealed"]
+            if args.trace_allocations and not tracing and sealed >= args.warmup * args.rollouts:
+                await start_tracing(c)
+                tracing = True
             if now >= next_sample and not run.done():
                 samples.append(await sample(c, began))
                 next_sample = now + args.sample_every
@@ -154,12 +219,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 done = c.controller.counts["rollouts_sealed"]
                 print(
                     f"  {now:6.0f} s: {done} rollouts sealed ({done / max(now, 1e-9):.1f}/s), "
-                    f"{len(snapshots)} snapshots, load {os.getloadavg()[0]:.2f}",
+                    f"{snapshots.count} snapshots, load {os.getloadavg()[0]:.2f}",
                     file=_sys.stderr,
                 )
         fresh, seen = new_records(c, seen)
-        snapshots += [r | {"t_s": round(time.monotonic() - began, 1)} for r in fresh]
+        for record in fresh:
+            snapshots.append(record | {"t_s": round(time.monotonic() - began, 1)})
         samples.append(await sample(c, began))  # the end: the actors still up
+        allocations = await traced_allocations(c, 15) if tracing else None
         seconds = time.monotonic() - began
         stopped = not run.done()  # --max-seconds ran out first: what was sealed by then is the run
         if stopped:
@@ -168,16 +235,21 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         else:
             summary = run.result()
         failed = c.controller.snapshots.metrics.failed if c.controller.snapshots else 0
-    return {
+    assert samples.last is not None
+    sealed = samples.last["rollouts"]
+    result = {
         "seconds": round(seconds, 1),
-        "rollouts_sealed": samples[-1]["rollouts"],
-        "rollouts_per_s": round(samples[-1]["rollouts"] / seconds, 2),
+        "rollouts_sealed": sealed,
+        "rollouts_per_s": round(sealed / seconds, 2),
         "stopped_at_max_seconds": stopped,
         "summary": msgspec.to_builtins(summary) if summary is not None else None,
         "snapshots_failed": failed,
-        "samples": samples,
-        "snapshots": snapshots,
+        "samples": samples.read(),
+        "snapshots": snapshots.read(),
+        "allocations_since_warmup": allocations,
     }
+    shutil.rmtree(spool, ignore_errors=True)
+    return result
 
 
 # -- what the samples say ----------------------------------------------------------------------------
@@ -353,11 +425,19 @@ def conclude(result: dict[str, Any], warmup: float) -> dict[str, Any]:
 
 def report(result: dict[str, Any], figures: dict[str, Any]) -> str:
     load = figures["load_1m"]
+    traced = ""
+    for name, sites in sorted((result.get("allocations_since_warmup") or {}).items()):
+        traced += f"\nheld at the end, allocated after warm-up ({name}, top {min(len(sites), 8)} lines):\n"
+        traced += "".join(
+            f"  {a['size_bytes'] / 1024:9.1f} KiB {a['count']:7d} blocks  {a['file']}:{a['line']}\n"
+            for a in sites[:8]
+        )
     return (
         f"{result['rollouts_sealed']} rollouts in {result['seconds']:.0f} s ({result['rollouts_per_s']}/s), "
         f"{len(result['snapshots'])} snapshots ({result['snapshots_failed']} failed), "
         f"load average (1 min) p50 {load.get('p50')} max {load.get('max')}\n"
         + tables(figures["memory"], figures["steps"], figures["criteria"])
+        + traced
     )
 
 
@@ -374,6 +454,11 @@ def main() -> None:
         "--max-seconds", type=float, help="stop the run after this long, whatever is sealed by then"
     )
     parser.add_argument("--actor-log-level", default="warning")
+    parser.add_argument(
+        "--trace-allocations",
+        action="store_true",
+        help="tracemalloc in every process from warm-up on; report the lines still holding memory at the end",
+    )
     parser.add_argument("--report", type=_Path, help="print the tables of a results JSON again; run nothing")
     common.add_quick(parser, "3,000 rollouts, a sample every 2 s")
     common.add_name(parser, "soak")

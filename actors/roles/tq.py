@@ -226,6 +226,7 @@ class TransferQueue(Participant):
     # a cached copy (about 7 KB a group) was never read again, and it filled TQ's reply cache to its
     # byte bound in the 100,000-rollout soak.
     queries = (*Participant.queries, FetchRows)
+    idempotent = (*Participant.idempotent, ReleaseRows)  # rows released twice: nothing more to drop
     parks_at_once = True  # nothing to park: its Prepare and Commit go out back to back, on its data lane
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

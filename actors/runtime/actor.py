@@ -105,6 +105,11 @@ class Actor:
     prefetch: int = 32  # data deliveries in flight at once; a role sets its own, an instance may raise it
     control_prefetch: int = 64  # control commands in flight at once, beside the data lane's
     queries: ClassVar[tuple[type[Message], ...]] = QUERIES  # a role adds its own read-only messages
+    # Commands whose second run changes nothing (``Forget``, TQ's ``ReleaseRows``): a duplicate runs
+    # again instead of being answered from the reply cache, so their replies are not kept. They came
+    # one per batch of rollouts or per training step, owned by no rollout, and filled the cache and the
+    # answered-request set to their capacity over a long run (issue 22's soak).
+    idempotent: ClassVar[tuple[type[Message], ...]] = ()
 
     def __init__(
         self,
@@ -288,7 +293,10 @@ class Actor:
         # Not remembered: a retryable error, and a handler that raised (its cause may be gone, a broker
         # restart): a retry or a resend runs the handler again.
         remember = (
-            reply is not None and failure is None and not (isinstance(reply, Error) and reply.retryable)
+            reply is not None
+            and failure is None
+            and not (isinstance(reply, Error) and reply.retryable)
+            and not isinstance(message, self.idempotent)
         )
         # Replies of commands whose effect survives a crash are journaled (fsync); every other reply is
         # cached in memory only (``messages.DURABLE_REPLIES``): data messages' effects are idempotent by

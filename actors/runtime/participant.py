@@ -75,6 +75,7 @@ from parkway.protocol.phases import (
 log = structlog.get_logger("parkway.participant")
 
 REPLY_MARGIN_S = 0.25
+ENDED_KEPT = 64  # checkpoints whose end a participant remembers (and whose Resume/Abort it replays)
 CONTROL_TYPES = frozenset(command.__name__ for command in CONTROL_COMMANDS)
 
 
@@ -103,6 +104,7 @@ class Participant(Actor):
     # (``parked_at_once``), so a Commit sent right behind it on the same lane finds it prepared: the
     # controller need not wait for the one to send the other.
     parks_at_once: ClassVar[bool] = False
+    idempotent: ClassVar[tuple[type[Message], ...]] = (Forget,)  # forgetting twice forgets the same
 
     def __init__(
         self,
@@ -460,9 +462,13 @@ class Participant(Actor):
         if release:
             await self.release()
         self._forget_deferred()  # what the controller forgot while the checkpoint was open
-        # Keep the end events of recent ids only; the phase machine's fence is the lasting record.
-        while len(self._ended) > 64:
-            self._ended.pop(next(iter(self._ended)))
+        # Keep the end events of recent ids only; the phase machine's fence is the lasting record. A
+        # re-sent Resume or Abort that old is answered stale (nobody waits for it any more), so its
+        # cached reply goes with the id; a journaled reply (Persist) stays to the journal's bounds.
+        while len(self._ended) > ENDED_KEPT:
+            old = next(iter(self._ended))
+            self._ended.pop(old)
+            self.replies.evict(old, journaled=False)
 
     async def _watch_lease(self) -> None:
         while True:

@@ -77,6 +77,9 @@ class ReplyCache:
         self.max_age_s = max_age_s
         self._clock = clock
         self._entries: OrderedDict[ReplyKey, _Entry] = OrderedDict()  # oldest stored first
+        # The same keys by owner (a rollout attempt's capture key, or a checkpoint id): eviction looks
+        # up what it drops instead of scanning every reply.
+        self._by_owner: dict[str, dict[ReplyKey, None]] = {}
         self._running: dict[ReplyKey, asyncio.Future[bytes | None]] = {}
         self._journal = journal
         self._journal_records = 0
@@ -131,17 +134,27 @@ class ReplyCache:
         if future is not None and not future.done():
             future.set_result(content if remember else None)
 
-    def evict(self, correlation_id: str, *, keep: frozenset[str] = frozenset()) -> int:
-        """Forget the replies of one id (except message types in ``keep``); returns how many."""
-        return self._drop([k for k in self._entries if k[0] == correlation_id and k[1] not in keep])
+    def evict(
+        self, correlation_id: str, *, keep: frozenset[str] = frozenset(), journaled: bool = True
+    ) -> int:
+        """Forget the replies of one id (except message types in ``keep``); returns how many.
+        ``journaled=False`` leaves the journaled ones to the journal's own bounds (no tombstone, so no
+        fsync: for a checkpoint long ended, off every critical path)."""
+        doomed = [
+            k
+            for k in self._by_owner.get(_capture_key_of(correlation_id), ())
+            if k[0] == correlation_id and k[1] not in keep and (journaled or not self._entries[k].durable)
+        ]
+        return self._drop(doomed)
 
     def evict_rollouts(self, attempts: Iterable[AttemptRef]) -> int:
         """Forget every reply of these attempts' calls (``Forget``): ``Run``, model and tool calls, their
-        release, the receipt and the seal. Returns how many; one scan of the cache for all of them."""
-        keys = {capture_key(ref.rollout_id, ref.attempt) for ref in attempts}
-        if not keys:
-            return 0
-        return self._drop([k for k in self._entries if _capture_key_of(k[0]) in keys])
+        release, the receipt and the seal. Returns how many; the index by capture key finds them, so the
+        cost is theirs, not the cache's size."""
+        doomed: list[ReplyKey] = []
+        for ref in attempts:
+            doomed.extend(self._by_owner.get(capture_key(ref.rollout_id, ref.attempt), ()))
+        return self._drop(doomed)
 
     def evict_all(self, *, keep: frozenset[str] = frozenset()) -> int:
         """Forget every reply except those of the message types in ``keep``; returns how many."""
@@ -182,10 +195,16 @@ class ReplyCache:
             self._memory_bytes -= len(old.content)
         self._entries[key] = entry  # the newest last
         self._memory_bytes += len(entry.content)
+        self._by_owner.setdefault(_capture_key_of(key[0]), {})[key] = None
 
     def _remove(self, key: ReplyKey) -> _Entry:
         entry = self._entries.pop(key)
         self._memory_bytes -= len(entry.content)
+        owner = _capture_key_of(key[0])
+        keys = self._by_owner[owner]
+        del keys[key]
+        if not keys:
+            del self._by_owner[owner]
         return entry
 
     def _bound(self) -> None:

@@ -15,15 +15,17 @@ import msgspec
 import pytest
 import structlog
 from parkway.actors.runtime.client import Client
-from parkway.actors.runtime.participant import ParkReport, Participant
+from parkway.actors.runtime.participant import ENDED_KEPT, ParkReport, Participant
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.messages import (
     Abort,
+    AttemptRef,
     Commit,
     Committed,
     EpisodeRef,
     Error,
+    Forget,
     Ok,
     Persist,
     Persisted,
@@ -295,3 +297,38 @@ async def test_phase_logs_carry_the_checkpoint_id(setup) -> None:
     phases = [e for e in logs if e["event"] == "phase"]
     assert [(e["before"], e["after"]) for e in phases] == [("idle", "preparing"), ("preparing", "prepared")]
     assert all(e["checkpoint_id"] == "ck-11" and e["actor"] == "gated/0" for e in phases)
+
+
+async def test_a_forget_sent_again_runs_again_and_keeps_no_reply(setup) -> None:
+    # Forget is idempotent: a duplicate forgets the same attempts once more, and neither reply takes
+    # room in the reply cache (one came per batch of rollouts and filled it over a long run).
+    actor, client, _ = setup
+    forget = Forget(
+        checkpoint_id="fg-1", deadline=soon(), attempts=(AttemptRef(rollout_id="g_g0", attempt=0),)
+    )
+    first = await client.request("gated/0", forget)
+    again = await client.request("gated/0", forget)
+    assert first == again == Ok(detail="forgot 1")
+    assert actor.counts["Forget"] == 2 and actor.counts.get("replayed", 0) == 0
+    assert ("g_g0", 0) in actor.forgotten and len(actor.replies) == 0
+
+
+async def test_the_replies_of_long_ended_checkpoints_are_let_go(setup) -> None:
+    # Each checkpoint left a Resume reply behind; a participant keeps those of its last ENDED_KEPT
+    # checkpoints (a re-sent Resume is replayed), older ones go with their end record (a Resume that
+    # late is answered "already ended", released nothing twice). Persist's journaled replies stay to the
+    # journal's own bounds.
+    actor, client, _ = setup
+    cycles = ENDED_KEPT + 10
+    for n in range(cycles):
+        cid = f"ck-{n}"
+        await client.call("gated/0", Prepare(checkpoint_id=cid, deadline=soon()))
+        await client.call("gated/0", Commit(checkpoint_id=cid, deadline=soon(), location=f"tmp_{cid}"))
+        await client.call("gated/0", Resume(checkpoint_id=cid, deadline=soon()))
+    resumes = sorted(int(k[0].removeprefix("ck-")) for k in actor.replies._entries if k[1] == "Resume")
+    assert resumes == list(range(cycles - ENDED_KEPT, cycles))
+    assert actor.releases == cycles
+    late = await client.request("gated/0", Resume(checkpoint_id="ck-0", deadline=soon()))
+    assert late == Ok(detail="ck-0 had already ended") and actor.releases == cycles
+    kept = await client.request("gated/0", Resume(checkpoint_id=f"ck-{cycles - 1}", deadline=soon()))
+    assert kept == Ok(detail="resumed") and actor.counts["replayed"] == 1

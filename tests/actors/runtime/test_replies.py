@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from pathlib import Path
 
 import msgspec
@@ -120,6 +121,46 @@ def test_forgotten_rollouts_lose_every_cached_reply_of_their_calls(tmp_path: Pat
     again = ReplyCache(journal=path, clock=Clock())
     assert again.get(("seal:g_g1", "Call", "controller/0")) is None
     assert again.get(("ck-3", "Prepare", "controller/0")) is not None
+
+
+def test_an_id_evicted_in_memory_only_keeps_its_journaled_replies_to_the_journal(tmp_path: Path) -> None:
+    # A checkpoint long ended: its memory-only replies (Resume) go, its journaled one (Persist) is left
+    # to the journal's bounds, and no tombstone is written (no fsync on that path).
+    path = tmp_path / "replies.journal"
+    cache = ReplyCache(journal=path, clock=Clock())
+    reply(cache, "ck-1", kind="Resume", durable=False)
+    reply(cache, "ck-1", kind="Persist")
+    reply(cache, "ck-2", kind="Resume", durable=False)
+    size = path.stat().st_size
+    assert cache.evict("ck-1", journaled=False) == 1
+    assert cache.get(("ck-1", "Resume", "controller/0")) is None
+    assert cache.get(("ck-1", "Persist", "controller/0")) is not None
+    assert cache.get(("ck-2", "Resume", "controller/0")) is not None
+    assert path.stat().st_size == size
+    assert cache.evict("ck-1") == 1 and cache.get(("ck-1", "Persist", "controller/0")) is None
+    assert path.stat().st_size > size  # its tombstone
+
+
+def test_eviction_finds_its_replies_without_scanning_the_others() -> None:
+    # The owner index: evicting one rollout of many looks at its own replies only, and the index ends
+    # empty with the cache.
+    cache = ReplyCache(capacity=100_000, clock=Clock())
+    for n in range(2000):
+        reply(cache, f"g_g{n}:0", kind="Call", durable=False)
+        reply(cache, f"seal:g_g{n}", kind="SealRows", durable=False)
+    seen: list[object] = []
+
+    class Watched(OrderedDict):
+        def __iter__(self):  # type: ignore[override]
+            seen.append(self)
+            return super().__iter__()
+
+    cache._entries = Watched(cache._entries)  # type: ignore[assignment]
+    assert cache.evict_rollouts([AttemptRef(rollout_id="g_g7", attempt=0)]) == 2
+    assert seen == []  # not one iteration over every reply
+    cache._entries = OrderedDict(cache._entries)
+    cache.evict_rollouts(AttemptRef(rollout_id=f"g_g{n}", attempt=0) for n in range(2000))
+    assert len(cache) == 0 and cache._by_owner == {}
 
 
 async def test_a_running_command_is_counted_until_it_is_settled() -> None:
