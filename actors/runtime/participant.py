@@ -36,6 +36,7 @@ import structlog
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.forgetting import AttemptKey, Fence, forget_fence_size
+from parkway.actors.runtime.memory import trim_heap
 from parkway.protocol.cuts import CutTable
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import AttemptsFenced, PhaseChanged
@@ -96,6 +97,14 @@ class Cut:
 
     write: Callable[[Path], tuple[FileDigest, ...]]
     episodes: tuple[EpisodeRef, ...] = ()
+
+
+def _write_then_trim(cut: Cut, directory: Path) -> tuple[FileDigest, ...]:
+    """Write a cut, then give the heap's free pages back (``memory.trim_heap``): the encoding just
+    freed is the largest churn a participant has, and this thread is off the window already."""
+    files = cut.write(directory)
+    trim_heap()
+    return files
 
 
 class Participant(Actor):
@@ -279,7 +288,7 @@ class Participant(Actor):
         directory = self.participant_dir(command.location)
         cut = self.cuts.persist(cid)
         try:
-            files = await asyncio.to_thread(cut.write, directory)
+            files = await asyncio.to_thread(_write_then_trim, cut, directory)
         except OSError as exc:
             # A write that failed (disk full, I/O error) leaves nothing half-written behind; the
             # controller aborts the snapshot under this id and the previous one stays authoritative.

@@ -29,6 +29,7 @@ from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants, Sent
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime import tracing
+from parkway.actors.runtime.memory import trim_heap
 from parkway.actors.storage.checks import missing_staging_keys
 from parkway.actors.storage.files import sha256_file
 from parkway.actors.storage.publish import prune, publish, write_ledger_file
@@ -510,6 +511,7 @@ class SaveSequence:
         )
         self.last_progress = attempt.progress
         await asyncio.to_thread(prune, self.run, self.config.keep_latest_k)
+        await asyncio.to_thread(trim_heap)  # the ledger's encoding freed: pages back (memory.trim_heap)
         attempt.published = Published(
             checkpoint_id=attempt.checkpoint_id,
             seq=attempt.seq,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import signal
+import sys
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import structlog
 from parkway.actors.roles.tq import TransferQueue
+from parkway.actors.runtime import memory
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.memory import TRACEMALLOC_ENV, tracemalloc_frames
 from parkway.actors.runtime.settings import SettingsError
@@ -123,3 +126,32 @@ def test_the_boot_setting() -> None:
     assert tracemalloc_frames({TRACEMALLOC_ENV: "5"}) == 5
     with pytest.raises(SettingsError, match=TRACEMALLOC_ENV):
         tracemalloc_frames({TRACEMALLOC_ENV: "yes"})
+
+
+def test_the_heap_is_trimmed_where_the_c_library_can_and_not_when_turned_off(monkeypatch) -> None:
+    # glibc gives free pages back (True when some were, False when none were); elsewhere, or with
+    # PARKWAY_MALLOC_TRIM=0, nothing is called and the answer is False.
+    memory._malloc_trim.cache_clear()
+    try:
+        calls: list[int] = []
+        monkeypatch.setattr(memory, "_malloc_trim", lambda: lambda pad: calls.append(pad) or 1)
+        assert memory.trim_heap() is True and calls == [0]
+        monkeypatch.undo()
+        monkeypatch.setenv(memory.MALLOC_TRIM_ENV, "0")
+        memory._malloc_trim.cache_clear()
+        assert memory._malloc_trim() is None and memory.trim_heap() is False
+        monkeypatch.delenv(memory.MALLOC_TRIM_ENV)
+        memory._malloc_trim.cache_clear()
+        if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
+            assert memory._malloc_trim() is not None
+            # A fragmented heap: every tenth chunk kept, the rest freed, so the heap cannot shrink
+            # from its top; trimming gives the free pages inside it back.
+            chunks = [bytes(600 + (n * 37) % 3400) for n in range(50_000)]
+            kept = chunks[::10]
+            del chunks
+            before = memory.rss_bytes()[0]
+            assert memory.trim_heap() is True
+            assert before - memory.rss_bytes()[0] > 20 << 20
+            assert len(kept) == 5000
+    finally:
+        memory._malloc_trim.cache_clear()
