@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
 IN_FLIGHT = 24
 GROUP = 10
-LONG_TASKS = int(os.environ.get("PARKWAY_LONG_RUN_TASKS", "150"))  # x GROUP rollouts
+LONG_TASKS = int(os.environ.get("PARKWAY_LONG_RUN_TASKS", "300"))  # x GROUP rollouts
 SHORT_TASKS = 8
 FENCE = 64  # forgotten ids a participant keeps as a fence (PARKWAY_FORGET_FENCE)
 # Rollouts a participant holds: those in flight, the refs the controller batches until as many wait as
