@@ -42,7 +42,7 @@ import tempfile
 import time
 import tracemalloc
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 import cluster
 import common
@@ -55,6 +55,7 @@ CONTROLLER = "controller"  # this process: the controller, the inline trainer, t
 GROWTH_LIMIT_MB = 5.0  # per 100,000 rollouts per process
 STEP_LIMIT = 1.10  # the last tenth's median over the first tenth's
 STEPS = ("commit", "resume")
+T = TypeVar("T")
 
 
 def workload(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,14 +72,20 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-async def status(c: cluster.Cluster, address: str) -> StatusReport | None:
-    """An actor's ``Status``, or None when it does not answer in time (sampled again later)."""
-    request = Status(checkpoint_id=f"soak-{time.monotonic_ns()}", deadline=time.time() + 10)
+async def ask(c: cluster.Cluster, address: str, request: Any, answer: type[T]) -> T | None:
+    """An actor's answer of type ``answer``, or None when it does not answer in time (a busy or
+    restarting actor: that sample goes without it)."""
     try:
         reply = await asyncio.wait_for(c.controller.client.request(address, request), 15)
-    except Exception:  # a busy or restarting actor: this sample goes without its structures
+    except Exception:
         return None
-    return reply if isinstance(reply, StatusReport) else None
+    return reply if isinstance(reply, answer) else None
+
+
+async def status(c: cluster.Cluster, address: str) -> StatusReport | None:
+    """An actor's ``Status`` (its ``structures``), or None (sampled again later)."""
+    request = Status(checkpoint_id=f"soak-{time.monotonic_ns()}", deadline=time.time() + 10)
+    return await ask(c, address, request, StatusReport)
 
 
 def rss_mb(pid: int) -> float | None:
@@ -127,15 +134,11 @@ async def sample(c: cluster.Cluster, began: float) -> dict[str, Any]:
 
 
 async def memory_report(c: cluster.Cluster, address: str, **asked: Any) -> MemoryUsage | None:
-    """An actor's ``MemoryReport`` (None when it does not answer in time)."""
+    """An actor's ``MemoryReport``, or None."""
     request = MemoryReport(
         checkpoint_id=f"soak-mem-{time.monotonic_ns()}", deadline=time.time() + 10, **asked
     )
-    try:
-        reply = await asyncio.wait_for(c.controller.client.request(address, request), 15)
-    except Exception:
-        return None
-    return reply if isinstance(reply, MemoryUsage) else None
+    return await ask(c, address, request, MemoryUsage)
 
 
 async def start_tracing(c: cluster.Cluster) -> None:
@@ -216,9 +219,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 next_sample = now + args.sample_every
             if now - last_line >= 60:
                 last_line = now
-                done = c.controller.counts["rollouts_sealed"]
                 print(
-                    f"  {now:6.0f} s: {done} rollouts sealed ({done / max(now, 1e-9):.1f}/s), "
+                    f"  {now:6.0f} s: {sealed} rollouts sealed ({sealed / max(now, 1e-9):.1f}/s), "
                     f"{snapshots.count} snapshots, load {os.getloadavg()[0]:.2f}",
                     file=_sys.stderr,
                 )
