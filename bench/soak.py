@@ -9,8 +9,9 @@ runs them. The engine is the deterministic one with no delay per token and insta
 of 1 to ``--turns`` turns, so that throughput is as high as this machine allows; the controller
 takes a snapshot every ``--snapshot-every`` seconds on its own schedule. Every ``--sample-every``
 seconds the benchmark reads the resident memory (RSS, from ``/proc``) of every process (this one is "controller"),
-each actor's ``Status`` (its ``structures``: entries per per-rollout structure, where the code has
-them) and the controller's own. Every published snapshot's step durations come from the
+each actor's ``MemoryReport`` (its ``structures``: entries per per-rollout structure, and its ``heap``:
+C heap in use and freed-but-kept, Python's blocks) and the controller's own, with this process's
+pymalloc arenas. Every published snapshot's step durations come from the
 controller's own records (as ``bench/snapshot_pause.py`` reads them).
 
 Reported: RSS after warm-up (the first ``--warmup`` fraction of the rollouts), at the middle and at
@@ -47,9 +48,8 @@ from typing import Any, TypeVar
 import cluster
 import common
 import msgspec
-from parkway.actors.runtime.memory import top_allocations
+from parkway.actors.runtime.memory import heap_usage, top_allocations
 from parkway.protocol.inspection import MemoryReport, MemoryUsage
-from parkway.protocol.messages import Status, StatusReport
 
 CONTROLLER = "controller"  # this process: the controller, the inline trainer, the benchmark's sampler
 GROWTH_LIMIT_MB = 5.0  # per 100,000 rollouts per process
@@ -82,12 +82,6 @@ async def ask(c: cluster.Cluster, address: str, request: Any, answer: type[T]) -
     return reply if isinstance(reply, answer) else None
 
 
-async def status(c: cluster.Cluster, address: str) -> StatusReport | None:
-    """An actor's ``Status`` (its ``structures``), or None (sampled again later)."""
-    request = Status(checkpoint_id=f"soak-{time.monotonic_ns()}", deadline=time.time() + 10)
-    return await ask(c, address, request, StatusReport)
-
-
 def rss_mb(pid: int) -> float | None:
     """A process's resident memory in MB, from ``/proc`` (Linux; None once it has gone)."""
     try:
@@ -109,20 +103,48 @@ def cpu_s(pid: int) -> float | None:
 
 
 def structures_of(thing: object) -> dict[str, int] | None:
-    """``structures`` of a ``StatusReport`` or ``structure_sizes()`` of an actor, where the code has
-    them (the hook may be absent: then None)."""
-    if isinstance(thing, StatusReport):
-        found = getattr(thing, "structures", None)
-        return dict(found) if found is not None else None
+    """``structure_sizes()`` of an in-process actor, where the code has them (else None)."""
     sizes = getattr(thing, "structure_sizes", None)
     return dict(sizes()) if callable(sizes) else None
 
 
+def python_arenas() -> dict[str, int]:
+    """This process's pymalloc arenas (1 MiB each, freed only when wholly empty) and the bytes of the
+    blocks in them, parsed from ``sys._debugmallocstats`` (it writes to file descriptor 2, redirected
+    for the moment: the benchmark's own process only, never an actor's)."""
+    held = os.dup(2)
+    with tempfile.TemporaryFile() as out:
+        os.dup2(out.fileno(), 2)
+        try:
+            _sys._debugmallocstats()
+        finally:
+            os.dup2(held, 2)
+            os.close(held)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        for key, name in (
+            ("# arenas allocated current", "arenas"),
+            ("# bytes in allocated blocks", "block_bytes"),
+        ):
+            if line.startswith(key):
+                found[name] = int(line.split("=")[1].replace(",", "").strip())
+    return found
+
+
 async def sample(c: cluster.Cluster, began: float) -> dict[str, Any]:
     pids = {p.name: p.pid for p in c.processes} | {CONTROLLER: os.getpid()}
-    reports = await asyncio.gather(*(status(c, p.name) for p in c.processes))
-    structures = {p.name: structures_of(r) for p, r in zip(c.processes, reports, strict=True)}
+    reports = await asyncio.gather(*(memory_report(c, p.name, top=0) for p in c.processes))
+    structures = {
+        p.name: (dict(r.structures) if r else None) for p, r in zip(c.processes, reports, strict=True)
+    }
     structures[CONTROLLER] = structures_of(c.controller)
+    heaps = {
+        p.name: (msgspec.to_builtins(r.heap) if r and r.heap else None)
+        for p, r in zip(c.processes, reports, strict=True)
+    }
+    heaps[CONTROLLER] = msgspec.to_builtins(heap_usage()) | python_arenas()
     return {
         "t_s": round(time.monotonic() - began, 1),
         "rollouts": c.controller.counts["rollouts_sealed"],
@@ -130,6 +152,7 @@ async def sample(c: cluster.Cluster, began: float) -> dict[str, Any]:
         "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
         "cpu_s": {name: cpu_s(pid) for name, pid in pids.items()},
         "structures": structures,
+        "heap": heaps,
     }
 
 
@@ -298,6 +321,35 @@ def memory_rows(result: dict[str, Any], warmup: float) -> list[dict[str, Any]]:
     return rows
 
 
+HEAP_FIGURES = {  # a heap sample's key -> (what it is, divisor to MB)
+    "c_in_use_bytes": ("C heap in use", 1e6),
+    "c_free_bytes": ("C heap freed, kept", 1e6),
+    "arenas": ("pymalloc arenas", 1 / 1.048576),
+    "block_bytes": ("pymalloc blocks", 1e6),
+}
+
+
+def heap_rows(result: dict[str, Any], warmup: float) -> list[dict[str, Any]]:
+    """Per process, the growth per 100,000 rollouts of each allocator figure: which allocator the RSS
+    growth is in (runs recorded before the samples carried ``heap`` give none)."""
+    total = result["rollouts_sealed"]
+    after = [s for s in result["samples"] if s["rollouts"] >= warmup * total and s.get("heap")]
+    if not after:
+        return []
+    rows = []
+    for name in after[-1]["heap"]:
+        row: dict[str, Any] = {"process": name}
+        for key, (_, divisor) in HEAP_FIGURES.items():
+            points = [
+                (s["rollouts"], (s["heap"].get(name) or {})[key] / divisor)
+                for s in after
+                if key in (s["heap"].get(name) or {})
+            ]
+            row[key] = growth_per_100k(points)
+        rows.append(row)
+    return rows
+
+
 def median_of(records: list[dict[str, Any]], step: str) -> float | None:
     values = [r["steps_ms"][step] for r in records if step in r.get("steps_ms", {})]
     return round(statistics.median(values), 3) if values else None
@@ -422,7 +474,13 @@ def conclude(result: dict[str, Any], warmup: float) -> dict[str, Any]:
     steps = step_rows(running or result["snapshots"])
     loads = [s["load_1m"] for s in result["samples"]]
     load = {"p50": statistics.median(loads), "max": max(loads)} if loads else {}
-    return {"memory": memory, "steps": steps, "criteria": criteria(memory, steps), "load_1m": load}
+    return {
+        "memory": memory,
+        "heap": heap_rows(result, warmup),
+        "steps": steps,
+        "criteria": criteria(memory, steps),
+        "load_1m": load,
+    }
 
 
 def report(result: dict[str, Any], figures: dict[str, Any]) -> str:
@@ -434,11 +492,24 @@ def report(result: dict[str, Any], figures: dict[str, Any]) -> str:
             f"  {a['size_bytes'] / 1024:9.1f} KiB {a['count']:7d} blocks  {a['file']}:{a['line']}\n"
             for a in sites[:8]
         )
+    heap = ""
+    if figures.get("heap"):
+        heap = "\nallocator growth after warm-up, MB per 100,000 rollouts (blank: not measured in that process):\n"
+        heap += f"  {'process':<14}" + "".join(f"{label:>20}" for label, _ in HEAP_FIGURES.values()) + "\n"
+        for row in figures["heap"]:
+            heap += (
+                f"  {row['process']:<14}"
+                + "".join(
+                    f"{'' if row[key] is None else format(row[key], '.2f'):>20}" for key in HEAP_FIGURES
+                )
+                + "\n"
+            )
     return (
         f"{result['rollouts_sealed']} rollouts in {result['seconds']:.0f} s ({result['rollouts_per_s']}/s), "
         f"{len(result['snapshots'])} snapshots ({result['snapshots_failed']} failed), "
         f"load average (1 min) p50 {load.get('p50')} max {load.get('max')}\n"
         + tables(figures["memory"], figures["steps"], figures["criteria"])
+        + heap
         + traced
     )
 

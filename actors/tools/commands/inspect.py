@@ -27,7 +27,9 @@ def add_inspect(sub: Subcommands) -> None:
     m = what.add_parser("memory", help="RSS, structure sizes and the top allocations by line of an actor")
     common(m)
     m.add_argument("address", metavar="ROLE/REPLICA")
-    m.add_argument("--top", type=int, default=10, help=f"allocation sites to list (1 to {MAX_TOP})")
+    m.add_argument(
+        "--top", type=int, default=10, help=f"allocation sites to list (0: sizes only, up to {MAX_TOP})"
+    )
     tracing = m.add_mutually_exclusive_group()
     tracing.add_argument("--start", action="store_true", help="start tracing allocations (it costs) if off")
     tracing.add_argument("--stop", action="store_true", help="stop tracing allocations")
@@ -38,8 +40,8 @@ def add_inspect(sub: Subcommands) -> None:
 
 def _cmd_memory(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
-    if not 1 <= args.top <= MAX_TOP:
-        print(f"parkway: --top {args.top}: want 1 to {MAX_TOP}", file=sys.stderr)
+    if not 0 <= args.top <= MAX_TOP:
+        print(f"parkway: --top {args.top}: want 0 to {MAX_TOP}", file=sys.stderr)
         return 2
     try:
         parse_address(args.address)
@@ -85,6 +87,12 @@ def render(address: str, usage: MemoryUsage) -> str:
             else ""
         ),
     ]
+    if usage.heap is not None:
+        heap = usage.heap
+        lines.append(
+            f"heap: C in use {_mb(heap.c_in_use_bytes)}, C freed but kept {_mb(heap.c_free_bytes)}"
+            f" (of {_mb(heap.c_arena_bytes)}), Python blocks {heap.python_blocks}"
+        )
     if usage.note:
         lines.append(f"note: {usage.note}")
     if usage.structures:

@@ -68,6 +68,8 @@ async def test_tracing_is_off_until_asked_and_the_answer_says_so(
     started = await operator.request("tq/0", ask(start=True))
     assert isinstance(started, MemoryUsage) and started.tracing and "started now" in started.note
     held = [bytearray(1000) for _ in range(2000)]  # 2 MB held at one line of this file
+    sizes_only = await operator.request("tq/0", ask(top=0))  # no walk of the traces
+    assert isinstance(sizes_only, MemoryUsage) and sizes_only.tracing and sizes_only.top == ()
     usage = await operator.request("tq/0", ask(top=5))
     assert isinstance(usage, MemoryUsage) and usage.tracing and len(usage.top) == 5
     here = [a for a in usage.top if a.file == __file__]
@@ -88,7 +90,7 @@ async def test_only_the_controller_key_may_ask_and_bad_input_is_a_typed_error(
     assert isinstance(refused, Error) and refused.code is ErrorCode.UNAUTHORIZED
     operator = Client(broker, secret=SECRET, sender="cli/1")
     for body in (
-        {"top": 0},
+        {"top": -1},
         {"top": 10_000},
         {"start": True, "stop": True},
         {"top": "ten"},
@@ -119,6 +121,22 @@ async def test_sigusr2_writes_the_report_into_the_log(tq: TransferQueue) -> None
     assert entry["pid"] == os.getpid() and entry["rss_bytes"] > 0
     assert entry["structures"]["reply_cache"] == len(tq.replies)
     assert entry["tracing"] is False and "tracemalloc is off" in entry["note"]
+
+
+async def test_the_answer_says_where_the_memory_sits_by_allocator(
+    tq: TransferQueue, broker: MemoryBroker
+) -> None:
+    operator = Client(broker, secret=SECRET, sender="cli/1")
+    usage = await operator.request("tq/0", ask())
+    assert isinstance(usage, MemoryUsage) and usage.heap is not None
+    assert usage.heap.python_blocks > 0
+    if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":  # mallinfo2 from glibc 2.33
+        before = memory.heap_usage()
+        held = [bytes(4000) for _ in range(2000)]  # 8 MB from malloc (over pymalloc's 512 bytes)
+        during = memory.heap_usage()
+        assert during.c_in_use_bytes - before.c_in_use_bytes >= 7_000_000
+        assert usage.heap.c_arena_bytes > 0 and len(held) == 2000
+    assert "heap: C in use" in render("tq/0", usage)
 
 
 def test_the_boot_setting() -> None:
