@@ -30,6 +30,7 @@ from parkway.protocol.rows import ReleaseRows as ReleaseRows
 from parkway.protocol.rows import Rows as Rows
 from parkway.protocol.rows import SealRows as SealRows
 from parkway.protocol.rows import StagingRow as StagingRow
+from parkway.protocol.rows import TokenSegment as TokenSegment
 from parkway.protocol.snapshot_failures import SnapshotHealth
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
@@ -170,6 +171,9 @@ class Restore(SnapshotCommand, frozen=True, kw_only=True):
     """
 
     epoch: ranges.Count = 0
+    # recovery.target_level prefix: the policy continues each restored rollout's model call from the
+    # tokens the snapshot kept of it, instead of generating it again from the first token.
+    keep_prefixes: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -11,6 +11,18 @@ from parkway.protocol.message_base import Message, check_attempt
 Epoch = ranges.Count
 
 
+class TokenSegment(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A run of a staging row's tokens sampled by one attempt under one policy version. A call that a
+    crash cut off and a restore continued (``recovery.target_level: prefix``) has two or more: the
+    prefix the snapshot kept, sampled by the attempt that died, then what the continuing attempt
+    sampled. A trainer reads per-token versions from them (each token's version is its segment's)."""
+
+    tokens: ranges.Count
+    attempt: ranges.Count
+    policy_version: ranges.Count = 0
+    checkpoint_id: str = ""  # the snapshot that kept these tokens; "" for those this row's call sampled
+
+
 class StagingRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     capture_key: str
     turn: ranges.Count
@@ -20,6 +32,21 @@ class StagingRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # The tokens the call was prompted with: a trainer scores the sampled tokens in their context.
     # Empty in rows written before it existed (they still decode) and where a writer leaves it out.
     prompt_token_ids: tuple[ranges.TokenId, ...] = ()
+    # Where the tokens came from, in order, when not all from this row's call under ``policy_version``
+    # (empty: they all are). The segments' tokens add up to ``len(token_ids)``.
+    segments: tuple[TokenSegment, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.segments and sum(s.tokens for s in self.segments) != len(self.token_ids):
+            raise ValueError(
+                f"segments cover {sum(s.tokens for s in self.segments)} tokens of {len(self.token_ids)}"
+            )
+
+    def token_versions(self) -> tuple[int, ...]:
+        """The policy version each token was sampled under."""
+        if not self.segments:
+            return (self.policy_version,) * len(self.token_ids)
+        return tuple(v for s in self.segments for v in (s.policy_version,) * s.tokens)
 
 
 class Rows(Message, frozen=True, kw_only=True):

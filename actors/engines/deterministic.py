@@ -14,6 +14,14 @@ as a real engine computes outside the process that serves its requests), so a be
 competes for the cores with everything else; that never changes what it says.
 ``tokens_accrued`` counts the tokens out so far, those of generations still running included, at the
 pace they come out (not when a generation returns).
+
+It ``continues`` a generation: given a request's ``prefix`` (the tokens a snapshot kept of a call a
+crash cut off), it checks that the prefix is the start of its reply to that request and brings out
+only the rest, at the same pace; ``progress`` reads each running generation's tokens out so far. A
+prefix that is not its own (another engine's, another seed) is not continued: the reply is generated
+from the first token (``kept`` 0). ``record`` (a file path) appends one JSON line per generation
+(request id, prompt digest, tokens kept, tokens generated, finish reason): the engine's own account
+of its work, which crash tests read.
 """
 
 from __future__ import annotations
@@ -30,9 +38,16 @@ import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
-from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult, require_directory
+from parkway.actors.engines.base import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    Progress,
+    require_directory,
+)
 from parkway.actors.sdk import chat
 
 FILLER = (
@@ -60,8 +75,14 @@ _SYSTEM = "<|system|>\n"
 class DeterministicEngine(Engine):
     """Same request and seed, same tokens and logprobs, in any process; ``filler_words`` words per reply."""
 
+    continues = True
+
     def __init__(
-        self, per_token_delay_s: float = 0.0, filler_words: int = 6, cpu_per_token_s: float = 0.0
+        self,
+        per_token_delay_s: float = 0.0,
+        filler_words: int = 6,
+        cpu_per_token_s: float = 0.0,
+        record: str | None = None,
     ) -> None:
         if per_token_delay_s < 0 or filler_words < 0 or cpu_per_token_s < 0:
             raise ValueError("per_token_delay_s, filler_words and cpu_per_token_s must be >= 0")
@@ -75,6 +96,9 @@ class DeterministicEngine(Engine):
         self.cpu_asked_s = 0.0  # CPU seconds asked of the compute process so far
         self.weights: str | None = None
         self._aborts: dict[str, list[asyncio.Event]] = defaultdict(list)
+        # request id -> (the reply being brought out, its logprobs, tokens kept, its pace): ``progress``
+        self._runs: dict[str, tuple[list[int], list[float], int, Pace]] = {}
+        self.record = Path(record) if record else None
 
     # -- the model ---------------------------------------------------------------------------
     def reply_tokens(self, request: GenerationRequest) -> tuple[list[int], list[float]]:
@@ -120,26 +144,62 @@ class DeterministicEngine(Engine):
             if token == chat.EOS or token in stops:
                 finish = "stop"
                 break
-        pace = Pace()
+        # A prefix is continued when it is the start of this reply: only the rest is brought out.
+        kept = (
+            len(request.prefix)
+            if request.prefix and tuple(out[: len(request.prefix)]) == request.prefix
+            else 0
+        )
+        pace, full = Pace(done=kept, kept=kept), len(out)
         self._paces.add(pace)
+        self._runs[request.request_id] = (out, logprobs, kept, pace)
         try:
             done = await self._produce(len(out), aborted, pace)
             if done < len(out):
                 out, finish = out[:done], "abort"
         finally:
             self._paces.discard(pace)
-            self._tokens_returned += pace.done  # in the same step: never counted twice, nor missed
+            self._tokens_returned += pace.done - kept  # in the same step: never counted twice, nor missed
             self._running -= 1
+            if self._runs.get(request.request_id, (None,))[0] is out:
+                del self._runs[request.request_id]
             events = self._aborts[request.request_id]
             events.remove(aborted)
             if not events:
                 del self._aborts[request.request_id]
+            self._write_record(request, kept, pace.done - kept, finish if pace.done >= full else "abort")
         return GenerationResult(
             request_id=request.request_id,
             token_ids=tuple(out),
             logprobs=tuple(logprobs[: len(out)]),
             finish_reason=finish,
+            kept=min(kept, len(out)),
         )
+
+    def _write_record(self, request: GenerationRequest, kept: int, generated: int, finish: str) -> None:
+        """One line of the engine's own account, appended and flushed (a killed process keeps it)."""
+        if self.record is None:
+            return
+        line = {
+            "request_id": request.request_id,
+            "prompt_sha256": hashlib.sha256(
+                struct.pack(f"<{len(request.token_ids)}I", *request.token_ids)
+            ).hexdigest(),
+            "prefix": len(request.prefix),
+            "kept": kept,
+            "generated": generated,
+            "finish": finish,
+        }
+        with self.record.open("a") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+    def progress(self, known: dict[str, int]) -> dict[str, Progress]:
+        found = {}
+        for request_id, (out, logprobs, _, pace) in self._runs.items():
+            start, now = known.get(request_id, 0), min(pace.tokens(self.per_token_delay_s), len(out))
+            if now > start:
+                found[request_id] = Progress(start, tuple(out[start:now]), tuple(logprobs[start:now]))
+        return found
 
     async def _produce(self, count: int, aborted: asyncio.Event, pace: Pace) -> int:
         """Bring ``count`` tokens out at this engine's pace; how many came out before an abort.
@@ -189,7 +249,7 @@ class DeterministicEngine(Engine):
 
     def tokens_accrued(self) -> int:
         """Tokens out so far: every returned generation's, and each running one's at its pace."""
-        return self._tokens_returned + sum(p.tokens(self.per_token_delay_s) for p in self._paces)
+        return self._tokens_returned + sum(p.tokens(self.per_token_delay_s) - p.kept for p in self._paces)
 
     async def abort(self, request_id: str) -> bool:
         events = self._aborts.get(request_id)
@@ -217,6 +277,7 @@ class Pace:
     """Where one generation stands: the tokens out, and the wait it is in for the next ones."""
 
     done: int = 0  # tokens out before the current wait
+    kept: int = 0  # of them, a continued call's prefix: not brought out by this generation
     waiting_since: float | None = None  # time.monotonic() when the current wait began
     waiting_for: int = 0  # tokens the current wait brings out
 

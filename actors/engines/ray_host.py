@@ -7,6 +7,7 @@ Ray ObjectRefs are awaited directly from asyncio.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 import anyio
 import structlog
-from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult
+from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult, Progress
 
 log = structlog.get_logger("parkway.engines")
 
@@ -34,16 +35,20 @@ class EngineSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def build_engine(spec: EngineSpec) -> Engine:
-    if spec.kind == "deterministic":
+def engine_class(kind: str) -> type[Engine]:
+    if kind == "deterministic":
         from parkway.actors.engines.deterministic import DeterministicEngine
 
-        return DeterministicEngine(**spec.kwargs)
-    if spec.kind == "vllm":
+        return DeterministicEngine
+    if kind == "vllm":
         from parkway.actors.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(**spec.kwargs)
-    raise ValueError(f"unknown engine kind {spec.kind!r} (known: 'deterministic', 'vllm')")
+        return VllmEngine
+    raise ValueError(f"unknown engine kind {kind!r} (known: 'deterministic', 'vllm')")
+
+
+def build_engine(spec: EngineSpec) -> Engine:
+    return engine_class(spec.kind)(**spec.kwargs)
 
 
 class EngineActor:
@@ -60,6 +65,9 @@ class EngineActor:
 
     async def in_flight(self) -> int:
         return self.engine.in_flight()
+
+    async def progress(self, known: dict[str, int]) -> dict[str, Progress]:
+        return self.engine.progress(known)
 
     async def load_weights(self, directory: str) -> None:
         await self.engine.load_weights(directory)
@@ -112,6 +120,8 @@ class EnginePool:
         self._next = itertools.count()
         self._where: dict[str, int] = {}  # request id -> replica running it
         self._dispatched = 0  # host "ray": requests sent and not yet returned
+        # host "ray": the tokens polled so far of each running request (``poll_progress``)
+        self._polled: dict[str, tuple[list[int], list[float]]] = {}
         self._uses_ray = False
         self.started = False
 
@@ -160,6 +170,7 @@ class EnginePool:
             self._dispatched -= 1
             if self._where.get(request.request_id) == index:
                 del self._where[request.request_id]
+                self._polled.pop(request.request_id, None)
 
     async def abort(self, request_id: str) -> bool:
         if self._engine is not None:
@@ -173,6 +184,48 @@ class EnginePool:
         if self._engine is not None:
             return self._engine.in_flight()
         return self._dispatched
+
+    @property
+    def continues(self) -> bool:
+        """Whether this pool's engine continues a request from its ``prefix``."""
+        return self._engine.continues if self._engine is not None else engine_class(self.spec.kind).continues
+
+    @property
+    def polls(self) -> bool:
+        """Whether ``known_progress`` needs ``poll_progress`` to be called (remote replicas)."""
+        return self._engine is None
+
+    async def poll_progress(self) -> int:
+        """Ask every replica for the tokens its running requests brought out since the last poll;
+        returns how many new tokens were learned. Host "inline" needs no poll (``known_progress``
+        reads the engine itself)."""
+        if self._engine is not None or not self._actors:
+            return 0
+        known = {rid: len(tokens) for rid, (tokens, _) in self._polled.items()}
+        replies = await asyncio.gather(
+            *(actor.progress.remote(known) for actor in self._actors), return_exceptions=True
+        )
+        learned = 0
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                continue  # a replica that did not answer this time: polled again next time
+            for request_id, found in reply.items():
+                if request_id not in self._where:
+                    continue  # returned meanwhile: its reply has every token
+                tokens, logprobs = self._polled.setdefault(request_id, ([], []))
+                if found.start != len(tokens):
+                    continue  # a reply to an older poll
+                tokens.extend(found.token_ids)
+                logprobs.extend(found.logprobs)
+                learned += len(found.token_ids)
+        return learned
+
+    def known_progress(self) -> dict[str, tuple[tuple[int, ...], tuple[float, ...]]]:
+        """Every running request's tokens known now (all of them, host "inline"; as of the last poll,
+        host "ray"): copies, safe to keep."""
+        if self._engine is not None:
+            return {rid: (p.token_ids, p.logprobs) for rid, p in self._engine.progress({}).items()}
+        return {rid: (tuple(t), tuple(lp)) for rid, (t, lp) in self._polled.items() if t}
 
     def tokens_accrued(self) -> int | None:
         """The inline engine's ``tokens_accrued``; None for Ray replicas (a count would be a remote call)."""
@@ -210,6 +263,7 @@ class EnginePool:
                 ray.kill(actor)
             self._actors = []
         self._where.clear()
+        self._polled.clear()
         if self._uses_ray:
             self._uses_ray = False
             _ray_users -= 1

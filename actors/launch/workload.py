@@ -44,11 +44,16 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             kwargs = {
                 "per_token_delay_s": policy.per_token_delay_s,
                 "cpu_per_token_s": policy.cpu_per_token_s,
+                "filler_words": policy.filler_words,
             }
+        if policy.engine_record:
+            kwargs["record"] = policy.engine_record
         return {
             "engine": EngineSpec(kind=policy.engine, kwargs=kwargs),
             "engine_host": policy.host,
             "engines": policy.engines,
+            "keep_prefixes": config.recovery.target_level == "prefix",
+            "progress_interval_s": policy.progress_interval_s,
             "prefetch": data_prefetch(config),
         }
     if role == Role.RESOURCES:

@@ -3,8 +3,13 @@
 Each ``Generate`` is one model call, request id ``<capture key>:<call index>``. Its tokens go to TQ as
 one staging row *before* the reply goes back, so a lost reply never loses the capture.
 
-A checkpoint holds nothing here: the policy's part of a cut is its weights' version (and counters),
-and the calls go on through it. What a rollout's cut needs of its model calls the agents hold
+A checkpoint holds no call here: the policy's part of a cut is its weights' version (and counters),
+and the calls go on through it. At ``recovery.target_level: prefix`` (``keep_prefixes``) the cut also
+keeps the tokens each call in flight has brought out so far (the engine's ``progress``: read at the cut
+from an engine in this process, polled every ``progress_interval_s`` from Ray replicas), and a restore
+that keeps prefixes continues each restored rollout's call from them: the engine generates only what
+follows, the reply is the whole call, and its staging row says which tokens came from which attempt
+(``TokenSegment``). docs/recovery.md#prefix. What a rollout's cut needs of its model calls the agents hold
 themselves: a rollout they hold at its boundary keeps a reply that comes meanwhile until the release,
 and one cut mid-round may take its replies (docs/snapshots.md#the-cut). The weights cannot change
 during a snapshot (the controller loads them under its snapshot lock).
@@ -26,6 +31,7 @@ import structlog
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
 from parkway.actors.roles.generations import GENERATIONS_FILE, GenerationRecords
+from parkway.actors.roles.prefixes import DEFAULT_PROGRESS_INTERVAL_S, KeptPrefix, Prefixes
 from parkway.actors.runtime.participant import Cut, ParkReport, Participant
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -34,6 +40,7 @@ from parkway.protocol.ids import Role, capture_key, staging_key
 from parkway.protocol.messages import (
     AttemptRef,
     Commit,
+    FileDigest,
     Generate,
     Generated,
     LoadWeights,
@@ -60,6 +67,8 @@ class Policy(Participant):
         engine_host: str = "ray",
         engines: int = 1,
         tq_address: str = "tq/0",
+        keep_prefixes: bool = False,
+        progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -69,6 +78,9 @@ class Policy(Participant):
         self.policy_version = 0  # set by the controller when weights change; stamped on every call
         self._stopping = asyncio.Event()
         self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
+        self.prefixes = Prefixes(
+            self.pool, self.counts, enabled=keep_prefixes, progress_interval_s=progress_interval_s
+        )
         self._restores = 0  # restores installed by this process: calls from before one are dropped
         # A weight update: new calls wait while it runs; it waits for the calls generating to finish.
         self.weights_dir: str | None = None  # None: the weights the engines started with
@@ -92,9 +104,11 @@ class Policy(Participant):
     async def start(self) -> None:
         await self.pool.start()
         await super().start()
+        self.prefixes.start()
 
     async def stop(self) -> None:
         self._stopping.set()  # calls waiting at a closed gate give up; they are redelivered later
+        await self.prefixes.stop()
         try:
             await super().stop()
         finally:
@@ -112,7 +126,9 @@ class Policy(Participant):
         self._refuse_retired(attempt, restores)
         # The version the rollout was dispatched with; the engine's own weights (vLLM) update separately.
         version = max(call.policy_version, self.policy_version)
+        prefix = self.prefixes.take(call)
         self._generating[request_id] = attempt
+        self.prefixes.started(request_id, call, version, prefix)
         self.history.record(
             GenerationStarted(rollout_id=call.rollout_id, attempt=call.attempt, call_index=call.call_index)
         )
@@ -125,6 +141,8 @@ class Policy(Participant):
                     seed=call.seed,
                     max_tokens=call.max_tokens,
                     stop_token_ids=call.stop_token_ids,
+                    prefix=prefix.token_ids if prefix else (),
+                    prefix_logprobs=prefix.logprobs if prefix else (),
                 )
             )
         except (ValueError, OverflowError) as exc:
@@ -132,10 +150,12 @@ class Policy(Participant):
             raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"the engine refused {request_id}: {exc}") from exc
         finally:
             self._generating.pop(request_id, None)
+            self.prefixes.finished(request_id)
             if not self._generating:
                 self._idle.set()
+        segments = self.prefixes.segments(prefix, result.kept, call, version, len(result.token_ids))
         self.counts["model_calls"] += 1  # this process's
-        self.counts["tokens_generated"] += len(result.token_ids)
+        self.counts["tokens_generated"] += len(result.token_ids) - result.kept
         self.generations.generated(call.rollout_id, call.call_index)  # the run's, in every process
         self._count_generations()
         self._refuse_retired(
@@ -148,6 +168,7 @@ class Policy(Participant):
             logprobs=result.logprobs,
             policy_version=version,
             prompt_token_ids=call.token_ids,
+            segments=segments,
         )
         try:
             await self.client.send(
@@ -164,6 +185,7 @@ class Policy(Participant):
             "generated",
             request_id=request_id,
             tokens=len(result.token_ids),
+            kept=result.kept,
             finish_reason=result.finish_reason,
             policy_version=version,
         )
@@ -240,7 +262,9 @@ class Policy(Participant):
 
     def forget_attempts(self, keys: list[tuple[str, int]]) -> None:
         """Sealed rollouts' per-turn counts fold into the totals (``generations_repeated`` stays exact)."""
-        self.generations.forget({rollout_id for rollout_id, _ in keys})
+        forgotten = {rollout_id for rollout_id, _ in keys}
+        self.generations.forget(forgotten)
+        self.prefixes.forget(forgotten)
 
     def status_fields(self, *, asking: int = 0) -> dict[str, Any]:
         """``tokens_accrued`` among the counts where the engine keeps it: tokens as they come out, those of
@@ -257,6 +281,7 @@ class Policy(Participant):
             **super().structure_sizes(),
             "generating": len(self._generating),
             "generation_turns": len(self.generations.turns),
+            "kept_prefixes": len(self.prefixes.kept),
         }
 
     def _refuse_retired(self, attempt: tuple[str, int], restores: int | None = None) -> None:
@@ -296,8 +321,13 @@ class Policy(Participant):
         return ParkReport(parked=len(self._generating))
 
     def take_cut(self, command: Commit) -> Cut:
-        # The policy's own state is its weights' version; the calls in flight are recorded for
-        # diagnosis only (their agents re-send them after a restore: same request, same tokens).
+        # The policy's own state is its weights' version; the calls in flight are recorded by request
+        # id for diagnosis (their agents re-send them after a restore), and at ``prefix`` with the
+        # tokens each has brought out so far (copies: the cut is written later, in another thread).
+        prefixes = self.prefixes.cut(command.checkpoint_id)
+        if prefixes:
+            self.counts["prefixes_cut"] += len(prefixes)
+            self.counts["prefix_tokens_cut"] += sum(len(p.token_ids) for p in prefixes)
         record = {
             "role": self.role,
             "replica": self.replica,
@@ -308,7 +338,13 @@ class Policy(Participant):
             "generating": sorted(self._generating),
             "generations": [self.generations.session, self.generations.total, self.generations.repeated],
         }
-        return Cut(write=lambda directory: (self.write_records(directory / "participant.msgpack", [record]),))
+
+        def write(directory: Path) -> tuple[FileDigest, ...]:
+            # The prefixes are frozen copies: turned into records here, in the writer's thread.
+            full = {**record, "prefixes": [p.record() for p in prefixes]}
+            return (self.write_records(directory / "participant.msgpack", [full]),)
+
+        return Cut(write=write)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         # Read first: a snapshot that cannot be read changes nothing here.
@@ -317,6 +353,7 @@ class Policy(Participant):
             raise TypeError(f"participant.msgpack holds a {type(record).__name__}, not a record")
         weights_dir = record.get("weights_dir")
         policy_version = int(record["policy_version"])
+        prefixes = [KeptPrefix.from_record(item) for item in record.get("prefixes") or ()]
         # Calls in flight belong to the cluster that died: abort them and capture nothing of them (the
         # restored agents re-issue what they need: same request, same tokens). Their attempts are not
         # fenced here: the controller fences exactly the attempts the snapshot holds, and the restored
@@ -331,6 +368,7 @@ class Policy(Participant):
             # The rollouts resume on the weights they were generating with, not on the start-up ones.
             await self._load(weights_dir)
         self.policy_version = policy_version
+        self.prefixes.install(prefixes, command)
         saved = record.get("generations")  # absent in snapshots from before the records
         if isinstance(saved, list) and len(saved) == 3 and all(isinstance(n, int) for n in saved):
             self.generations.adopt(*saved)

@@ -22,6 +22,9 @@ import yaml
 from parkway.protocol import ranges
 
 ENV_PREFIX = "PARKWAY_CFG__"
+# The engines that continue a model call from the tokens a snapshot kept (``Engine.continues``):
+# ``recovery.target_level: prefix`` is refused with any other.
+PREFIX_ENGINES = ("deterministic", "vllm")
 
 
 class ConfigError(Exception):
@@ -53,12 +56,20 @@ class PolicyConfig(_Section, frozen=True):
     engines: int = 1
     per_token_delay_s: float = 0.0  # deterministic engine: simulated time per token
     cpu_per_token_s: float = 0.0  # deterministic engine: CPU spent per token (a busy loop; same tokens)
+    filler_words: int = 6  # deterministic engine: words said before each tool call or answer (long replies)
     # vLLM: a model directory (``parkway model build DIR`` makes a tiny one), and its engine settings.
     model: str | None = None
     max_model_len: int = 2048
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | None = None  # GPU machines; None on CPU
     kv_cache_memory_bytes: int | None = 64 << 20  # CPU machines need an explicit KV cache size
+    # recovery.target_level prefix, engines in Ray actors: how often the policy asks them for the tokens
+    # of the calls in flight (a snapshot keeps what was known at its last poll; an engine in the
+    # policy's own process is read at the snapshot itself).
+    progress_interval_s: float = 0.5
+    # A file the engine appends one JSON line to per generation (tokens kept from a snapshot, tokens
+    # generated, finish reason): its own account of its work, for crash tests and audits. None: off.
+    engine_record: str | None = None
 
 
 class ResourcesConfig(_Section, frozen=True):
@@ -256,6 +267,8 @@ def check(config: RunConfig) -> None:
         problems.append("trainer.resend_s: must be > 0")
     if config.policy.per_token_delay_s < 0:
         problems.append("policy.per_token_delay_s: must be >= 0")
+    if config.policy.filler_words < 0:
+        problems.append(f"policy.filler_words: must be >= 0, got {config.policy.filler_words}")
     if config.policy.cpu_per_token_s < 0:
         problems.append("policy.cpu_per_token_s: must be >= 0")
     if config.resources.tool_delay_s < 0:
@@ -283,11 +296,12 @@ def check(config: RunConfig) -> None:
             f"trainer.max_untrained_groups: {untrained} is fewer than trainer.batch_groups "
             f"({config.trainer.batch_groups}): no batch could ever fill"
         )
-    if config.recovery.target_level == "prefix":
-        # Refused until it is built: accepting it would silently give exactly what `turn` gives.
+    if config.policy.progress_interval_s <= 0:
+        problems.append(f"policy.progress_interval_s: must be > 0, got {config.policy.progress_interval_s}")
+    if config.recovery.target_level == "prefix" and config.policy.engine not in PREFIX_ENGINES:
         problems.append(
-            "recovery.target_level: prefix is not built yet (a restore would regenerate the model call "
-            "in flight from its first token, exactly as turn does); use turn"
+            f"recovery.target_level: prefix needs an engine that continues a generation from its "
+            f"prefix ({', '.join(PREFIX_ENGINES)}), not {config.policy.engine}"
         )
     if config.recovery.allow_restart_only and config.recovery.target_level not in ("turn", "prefix"):
         problems.append(

@@ -223,11 +223,17 @@ class RestoreSequence:
         assert attempt.continuation is not None
         rid, deadline, location = attempt.restore_id, attempt.deadline, attempt.path.name
         scope, epoch = attempt.continuation.continued, attempt.continuation.epoch
+        keep_prefixes = self.config.recovery.target_level == "prefix"
         for stage in stages:
             await self.participants.ask(
                 stage,
                 lambda _a: Restore(
-                    checkpoint_id=rid, deadline=deadline, location=location, episodes=scope, epoch=epoch
+                    checkpoint_id=rid,
+                    deadline=deadline,
+                    location=location,
+                    episodes=scope,
+                    epoch=epoch,
+                    keep_prefixes=keep_prefixes,
                 ),
                 "restore",
             )

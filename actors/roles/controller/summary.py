@@ -38,7 +38,14 @@ class RunSummary(msgspec.Struct, kw_only=True):
     turns_generated: int
     turns_regenerated: int
     model_calls: int
-    tokens_generated: int
+    tokens_generated: int  # sampled by the engines (a continued call's kept prefix is not)
+    # Prefix recovery: model calls a restore continued from a snapshot's cut, the tokens they kept
+    # from it, and the cut's tokens generated again (a restore below prefix, or a call that could not
+    # be continued: prefix_fallbacks). docs/recovery.md#prefix.
+    calls_continued: int = 0
+    prefix_tokens_kept: int = 0
+    prefix_tokens_regenerated: int = 0
+    prefix_fallbacks: int = 0
     tool_calls: int
     tool_mutations_applied: int
     tool_duplicates_absorbed: int
@@ -167,6 +174,10 @@ async def summarize(
         turns_regenerated=theirs["tq.turns_regenerated"],
         model_calls=theirs["policy.model_calls"],
         tokens_generated=theirs["policy.tokens_generated"],
+        calls_continued=theirs["policy.calls_continued"],
+        prefix_tokens_kept=theirs["policy.prefix_tokens_kept"],
+        prefix_tokens_regenerated=theirs["policy.prefix_tokens_regenerated"],
+        prefix_fallbacks=theirs["policy.prefix_fallbacks"],
         tool_calls=theirs["resources.tool_calls"],
         tool_mutations_applied=theirs["resources.tool_mutations_applied"],
         tool_duplicates_absorbed=theirs["resources.tool_duplicates"],

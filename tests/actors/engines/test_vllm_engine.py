@@ -22,8 +22,11 @@ def test_the_tiny_model_rebuilds_byte_identically(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory):
     model = build_tiny_model(tmp_path_factory.mktemp("tiny"))
+    record = tmp_path_factory.mktemp("record") / "engine.jsonl"
     pool = EnginePool(
-        EngineSpec(kind="vllm", kwargs={"model": str(model), "max_model_len": 1024}), host="ray", replicas=1
+        EngineSpec(kind="vllm", kwargs={"model": str(model), "max_model_len": 1024, "record": str(record)}),
+        host="ray",
+        replicas=1,
     )
     runner = asyncio.Runner()
     runner.run(pool.start())  # vLLM's AsyncLLM inside a Ray actor: a real engine, not a fake
@@ -189,3 +192,58 @@ def test_a_crash_and_restore_with_vllm_keeps_every_finished_turn(pool, tmp_path:
     )
     assert resumed.turns_regenerated <= resumed.rollouts_restored
     assert resumed.transcripts_sha256 == reference.transcripts_sha256
+
+
+def engine_record(engines: EnginePool, request_id: str) -> dict[str, object]:
+    import json
+
+    lines = Path(engines.spec.kwargs["record"]).read_text().splitlines()
+    return [json.loads(line) for line in lines if json.loads(line)["request_id"] == request_id][-1]
+
+
+@pytest.mark.slow  # vLLM in a Ray actor: Ray's processes (the `pool` fixture)
+def test_a_poll_learns_the_tokens_of_a_running_request(pool) -> None:
+    runner, engines = pool
+
+    async def go():
+        running = asyncio.ensure_future(
+            engines.generate(GenerationRequest("p1", PROMPT, seed=3, max_tokens=700))
+        )
+        async with asyncio.timeout(60):
+            while len(engines.known_progress().get("p1", ((),))[0]) < 20:
+                await engines.poll_progress()
+                await asyncio.sleep(0.005)
+        known = engines.known_progress()["p1"]
+        return known, await running
+
+    (tokens, logprobs), result = runner.run(go())
+    assert engines.continues and len(logprobs) == len(tokens) >= 20
+    assert result.token_ids[: len(tokens)] == tokens and result.logprobs[: len(tokens)] == logprobs
+
+
+@pytest.mark.slow  # vLLM in a Ray actor: Ray's processes (the `pool` fixture)
+def test_a_request_with_a_prefix_is_continued_and_only_the_rest_is_sampled(pool) -> None:
+    runner, engines = pool
+
+    async def go():
+        whole = await engines.generate(GenerationRequest("c0", PROMPT, seed=9, max_tokens=120))
+        cut = 50
+        continued = await engines.generate(
+            GenerationRequest(
+                "c1",
+                PROMPT,
+                seed=9,
+                max_tokens=120,
+                prefix=whole.token_ids[:cut],
+                prefix_logprobs=whole.logprobs[:cut],
+            )
+        )
+        return whole, cut, continued
+
+    whole, cut, continued = runner.run(go())
+    assert len(whole.token_ids) > cut
+    assert continued.kept == cut and continued.token_ids[:cut] == whole.token_ids[:cut]
+    assert continued.logprobs[:cut] == whole.logprobs[:cut] and cut < len(continued.token_ids) <= 120
+    line = engine_record(engines, "c1")  # vLLM's own output: the prefix was in the prompt, not sampled
+    assert line["prompt_tokens"] == len(PROMPT) + cut
+    assert line["generated"] == len(continued.token_ids) - cut and line["kept"] == cut

@@ -102,11 +102,27 @@ def test_the_policy_and_resources_hold_every_rollouts_call_and_still_take_contro
 def test_the_deterministic_engine_takes_its_time_and_cpu_per_token_from_the_configuration() -> None:
     from parkway.actors.launch.workload import role_options
 
-    config = from_dict({"policy": {"host": "inline", "per_token_delay_s": 0.05, "cpu_per_token_s": 0.0001}})
-    assert role_options("policy", config)["engine"].kwargs == {
+    config = from_dict(
+        {
+            "policy": {
+                "host": "inline",
+                "per_token_delay_s": 0.05,
+                "cpu_per_token_s": 0.0001,
+                "filler_words": 90,
+                "engine_record": "/tmp/e.jsonl",
+            },
+            "recovery": {"target_level": "prefix"},
+        }
+    )
+    options = role_options("policy", config)
+    assert options["engine"].kwargs == {
         "per_token_delay_s": 0.05,
         "cpu_per_token_s": 0.0001,
+        "filler_words": 90,
+        "record": "/tmp/e.jsonl",
     }
+    assert options["keep_prefixes"] is True and options["progress_interval_s"] == 0.5
+    assert role_options("policy", from_dict({}))["keep_prefixes"] is False
 
 
 async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_path: Path, monkeypatch) -> None:

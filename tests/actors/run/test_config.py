@@ -52,11 +52,8 @@ def test_the_snapshot_failure_policy_is_checked(snapshots: dict[str, float], mes
         ({"rollout": {"group_size": 0}}, "rollout.group_size: must be >= 1"),
         ({"rollout": {"max_turns": 20_000}}, "rollout.max_turns and rollout.max_tokens: at most 10000"),
         ({"rollout": {"max_tokens": 2**21}}, "got 5 and 2097152"),  # what a Run and a call may carry
-        ({"recovery": {"target_level": "prefix"}}, "prefix is not built yet"),
-        (
-            {"recovery": {"target_level": "prefix"}, "policy": {"engine": "vllm", "model": "/m"}},
-            "prefix is not built yet",
-        ),
+        ({"policy": {"progress_interval_s": 0}}, "policy.progress_interval_s: must be > 0"),
+        ({"policy": {"filler_words": -1}}, "policy.filler_words: must be >= 0"),
         (
             {"recovery": {"target_level": "sibling", "allow_restart_only": True}},
             "recovery.allow_restart_only",
@@ -119,3 +116,17 @@ def test_tasks_from_jsonl_and_bad_lines(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
         load_tasks(TasksConfig(path=str(bad)))
     assert len(load_tasks(TasksConfig(builtin="mixed", limit=4))) == 4
+
+
+@pytest.mark.parametrize("engine", [{}, {"engine": "vllm", "model": "/m"}])
+def test_prefix_recovery_is_taken_with_an_engine_that_continues(engine: dict) -> None:
+    config = from_dict({"recovery": {"target_level": "prefix"}, "policy": engine})
+    assert config.recovery.target_level == "prefix"
+
+
+def test_prefix_recovery_is_refused_with_an_engine_that_cannot_continue(monkeypatch) -> None:
+    from parkway.actors.run import config as config_module
+
+    monkeypatch.setattr(config_module, "PREFIX_ENGINES", ("vllm",))
+    with pytest.raises(ConfigError, match="prefix needs an engine that continues a generation"):
+        from_dict({"recovery": {"target_level": "prefix"}})
