@@ -152,7 +152,8 @@ class DeterministicEngine(Engine):
         )
         pace, full = Pace(done=kept, kept=kept), len(out)
         self._paces.add(pace)
-        self._runs[request.request_id] = (out, logprobs, kept, pace)
+        reply = out  # the list ``progress`` reads (``out`` is cut short on an abort)
+        self._runs[request.request_id] = (reply, logprobs, kept, pace)
         try:
             done = await self._produce(len(out), aborted, pace)
             if done < len(out):
@@ -161,7 +162,7 @@ class DeterministicEngine(Engine):
             self._paces.discard(pace)
             self._tokens_returned += pace.done - kept  # in the same step: never counted twice, nor missed
             self._running -= 1
-            if self._runs.get(request.request_id, (None,))[0] is out:
+            if self._runs.get(request.request_id, (None,))[0] is reply:  # not a same-id generation's
                 del self._runs[request.request_id]
             events = self._aborts[request.request_id]
             events.remove(aborted)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import structlog
 from parkway.actors.engines.ray_host import EnginePool
+from parkway.protocol import ranges
 from parkway.protocol.messages import Generate, Restore, TokenSegment
 from parkway.protocol.transcript import prompt_digest
 
@@ -30,18 +30,18 @@ log = structlog.get_logger("parkway.policy")
 DEFAULT_PROGRESS_INTERVAL_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class KeptPrefix:
+class KeptPrefix(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The tokens a snapshot kept of a model call in flight, where each run of them came from, and what
-    the call must be to continue it."""
+    the call must be to continue it. The policy's cut file holds it as a record (validated when read
+    back: ``from_record``)."""
 
     rollout_id: str
-    call_index: int
+    call_index: ranges.Count
     prompt_sha256: str
-    seed: int
-    max_tokens: int
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    seed: ranges.Int64
+    max_tokens: ranges.TokenBudget
+    token_ids: tuple[ranges.TokenId, ...]
+    logprobs: tuple[ranges.LogProb, ...]
     segments: tuple[TokenSegment, ...]  # cover token_ids, in order
 
     @property
@@ -69,27 +69,12 @@ class KeptPrefix:
         return tuple(out)
 
     def record(self) -> dict[str, Any]:
-        return msgspec.to_builtins(
-            _PrefixRecord(**{f: getattr(self, f) for f in _PrefixRecord.__struct_fields__})
-        )
+        record: dict[str, Any] = msgspec.to_builtins(self)
+        return record
 
     @classmethod
     def from_record(cls, item: Any) -> KeptPrefix:
-        found = msgspec.convert(item, _PrefixRecord)
-        return cls(**{f: getattr(found, f) for f in _PrefixRecord.__struct_fields__})
-
-
-class _PrefixRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A ``KeptPrefix`` as the policy's cut file holds it (validated when read back)."""
-
-    rollout_id: str
-    call_index: int
-    prompt_sha256: str
-    seed: int
-    max_tokens: int
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    segments: tuple[TokenSegment, ...]
+        return msgspec.convert(item, cls)
 
 
 class Prefixes:

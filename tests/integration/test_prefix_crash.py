@@ -69,6 +69,35 @@ def call_of(request_id: str) -> tuple[str, int, int]:
     return rollout_id, attempt, call_index
 
 
+def check_continued(
+    record: Path, saved: dict[str, int], kept: dict[tuple[str, int], int], summary: dict[str, object]
+) -> list[dict[str, object]]:
+    """From the engine's own account of the restored timeline (the calls of the attempts the restore
+    made: a new policy process may also serve the dead timeline's calls still queued before the restore
+    reaches it, which are of the saved attempts and none of the run's work): every kept call was
+    continued from its kept tokens, once, never generated from its first token; the summary counts the
+    same. Returns the kept calls' lines."""
+    restored_timeline = []
+    for line in engine_lines(record):
+        rollout_id, attempt, call_index = call_of(str(line["request_id"]))
+        if attempt > saved.get(rollout_id, -1):
+            restored_timeline.append((rollout_id, call_index, line))
+    continued = []
+    for key, tokens in kept.items():
+        lines = [
+            line for rollout_id, call_index, line in restored_timeline if (rollout_id, call_index) == key
+        ]
+        assert [(x["kept"], x["prefix"]) for x in lines] == [(tokens, tokens)], (
+            f"{key}: not continued once from its {tokens} kept tokens: {lines}"
+        )
+        continued.extend(lines)
+    assert summary["calls_continued"] == len(kept) and summary["prefix_fallbacks"] == 0
+    assert summary["prefix_tokens_kept"] == sum(kept.values()) > 0
+    # The summary counts the tokens the engine sampled for the run, never a kept one.
+    assert summary["tokens_generated"] == sum(int(line["generated"]) for _, _, line in restored_timeline)
+    return continued
+
+
 async def test_calls_in_flight_at_the_snapshot_continue_after_the_whole_cluster_is_killed(
     spawn, client, amqp_url, run_name, tmp_path
 ) -> None:
@@ -111,28 +140,7 @@ async def test_calls_in_flight_at_the_snapshot_continue_after_the_whole_cluster_
     assert summary["sessions_leaked"] == 0 and summary["tool_mutations_duplicated"] == 0
     assert summary["transcripts_sha256"] == reference  # continued replies are the uninterrupted ones
 
-    # The engine's own account of the restored timeline: the calls of the attempts the restore made
-    # (a new policy process may also serve the dead timeline's calls still queued, before the restore
-    # reaches it: those are of the saved attempts, and none of the run's work).
-    saved = dict(manifest["episodes"])
-    restored_timeline = []
-    for line in engine_lines(record):
-        rollout_id, attempt, call_index = call_of(str(line["request_id"]))
-        if attempt > saved.get(rollout_id, -1):
-            restored_timeline.append((rollout_id, call_index, line))
-    for key, tokens in kept.items():
-        lines = [
-            line for rollout_id, call_index, line in restored_timeline if (rollout_id, call_index) == key
-        ]
-        assert lines, f"{key}: the restored timeline never generated that call"
-        assert [(x["kept"], x["prefix"]) for x in lines] == [(tokens, tokens)], (
-            f"{key}: generated again from its first token, or more than once: {lines}"
-        )
-    assert summary["calls_continued"] == len(kept)
-    assert summary["prefix_tokens_kept"] == sum(kept.values()) > 0
-    assert summary["prefix_fallbacks"] == 0
-    # The summary counts the tokens the engine sampled for the run, never a kept one.
-    assert summary["tokens_generated"] == sum(int(line["generated"]) for _, _, line in restored_timeline)
+    check_continued(record, dict(manifest["episodes"]), kept, summary)
 
 
 VLLM_CONFIG = """
@@ -201,21 +209,6 @@ async def test_vllm_calls_in_flight_at_the_snapshot_continue_after_the_whole_clu
     assert summary["restores"] == 1 and summary["rollouts_restored"] == len(saved)
     assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 4 and summary["rollouts_failed"] == 0
     assert summary["sessions_leaked"] == 0 and summary["tool_mutations_duplicated"] == 0
-    restored_timeline = []
-    for line in engine_lines(record):
-        rollout_id, attempt, call_index = call_of(str(line["request_id"]))
-        if attempt > saved.get(rollout_id, -1):
-            restored_timeline.append((rollout_id, call_index, line))
-    for key, tokens in kept.items():
-        lines = [
-            line for rollout_id, call_index, line in restored_timeline if (rollout_id, call_index) == key
-        ]
-        assert [(x["kept"], x["prefix"]) for x in lines] == [(tokens, tokens)], (
-            f"{key}: not continued from its {tokens} kept tokens: {lines}"
-        )
-        [line] = lines
+    for line in check_continued(record, saved, kept, summary):
         if line["generated"]:  # vLLM's own output: the prefix was in the prompt, not sampled again
-            assert line["prompt_tokens"] > tokens
-    assert summary["calls_continued"] == len(kept) and summary["prefix_fallbacks"] == 0
-    assert summary["prefix_tokens_kept"] == sum(kept.values()) > 0
-    assert summary["tokens_generated"] == sum(int(line["generated"]) for _, _, line in restored_timeline)
+            assert int(line["prompt_tokens"]) > int(line["kept"])

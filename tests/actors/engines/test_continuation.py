@@ -163,3 +163,12 @@ def test_the_engines_the_config_takes_for_prefix_are_the_ones_that_continue() ->
     from parkway.actors.run.config import PREFIX_ENGINES
 
     assert all(engine_class(kind).continues for kind in PREFIX_ENGINES)
+
+
+async def test_an_aborted_generation_is_no_longer_reported() -> None:
+    engine = DeterministicEngine(per_token_delay_s=0.002, filler_words=40)
+    running = asyncio.ensure_future(engine.generate(call()))
+    await until(lambda: len(engine.progress({}).get("r_g0:0", _empty).token_ids) >= 5)
+    assert await engine.abort("r_g0:0")
+    result = await running
+    assert result.finish_reason == "abort" and engine.progress({}) == {} and engine.in_flight() == 0
