@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from parkway.actors.builtin.blackbox.program import CommandAgent, command_agent
 from parkway.actors.run.config import ConfigError, RunConfig
 from parkway.actors.run.tasks import Task
 from parkway.actors.sdk import plugins
@@ -43,8 +44,13 @@ def resolve_run(config: RunConfig, tasks: Sequence[Task] | None = None) -> RunPl
 def actor_options(role: str, config: RunConfig) -> dict[str, Any]:
     """The catalogues an agent or a resources actor is built with."""
     if role == "agent":
+        program = plugins.agent(config.agent)
+        if issubclass(program, CommandAgent):  # a black-box program: bound to its command
+            program = command_agent(
+                config.command.argv, timeout_s=config.command.timeout_s, env=config.command.env
+            )
         return {
-            "programs": {config.agent: plugins.agent(config.agent)},
+            "programs": {config.agent: program},
             "environments": plugins.environments(config.environments, config.resources.mode),
         }
     if role == "resources":

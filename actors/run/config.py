@@ -131,12 +131,22 @@ class TopologyConfig(_Section, frozen=True):
     resources: int = 2
 
 
+class CommandConfig(_Section, frozen=True):
+    """``agent: command``: a black-box program run per attempt, talking to the run over HTTP (the OpenAI
+    API and the tools; docs/blackbox.md)."""
+
+    argv: tuple[str, ...] = ()  # the program and its arguments (no shell)
+    timeout_s: float = 3600.0  # one attempt's program running longer than this fails as agent_timeout
+    env: dict[str, str] = {}  # added to its environment
+
+
 class RunConfig(_Section, frozen=True):
     run: str = "default"
     seed: int = 0
     # Plugins (docs/plugins.md): an entry-point name or ``package.module:Name``.
     agent: str = "tool"  # the agent program
     environments: tuple[str, ...] = ("counter", "workplace", "bank")  # the tool environments tasks name
+    command: CommandConfig = CommandConfig()  # agent: command
     rollout: RolloutConfig = RolloutConfig()
     tasks: TasksConfig = TasksConfig()
     policy: PolicyConfig = PolicyConfig()
@@ -296,6 +306,12 @@ def check(config: RunConfig) -> None:
             f"trainer.max_untrained_groups: {untrained} is fewer than trainer.batch_groups "
             f"({config.trainer.batch_groups}): no batch could ever fill"
         )
+    if config.agent == "command" and not config.command.argv:
+        problems.append(
+            "command.argv: agent command needs the program to run (a list: program and arguments)"
+        )
+    if config.command.timeout_s <= 0:
+        problems.append(f"command.timeout_s: must be > 0, got {config.command.timeout_s}")
     if config.policy.progress_interval_s <= 0:
         problems.append(f"policy.progress_interval_s: must be > 0, got {config.policy.progress_interval_s}")
     if config.recovery.target_level == "prefix" and config.policy.engine not in PREFIX_ENGINES:

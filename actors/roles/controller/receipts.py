@@ -22,6 +22,8 @@ from parkway.protocol.history import Receipt, RolloutSealed
 from parkway.protocol.ledger import SealOutcome
 from parkway.protocol.messages import AttemptRef, Completed, Error, Failed, SealRows
 
+FAILED_PREFIX = "failed:"  # ``failed:<code>``: attempts failed with that code (the run's, kept in the anchor)
+
 log = structlog.get_logger("parkway.controller")
 
 
@@ -149,6 +151,7 @@ class Receipts:
             self._counts["receipts_stale"] += 1
             return
         self._counts["attempts_failed"] += 1
+        self._counts[f"{FAILED_PREFIX}{receipt.code}"] += 1  # by code, for the summary
         self._counts["rollouts_redone"] += len(plan.redo)
         self._counts["rollouts_failed"] += len(plan.given_up)
         log.warning(

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 import msgspec
 from parkway.actors.roles.controller.cluster import participant_addresses
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
+from parkway.actors.roles.controller.receipts import FAILED_PREFIX
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
@@ -32,6 +33,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     rollouts_failed: int
     attempts_dispatched: int
     attempts_failed: int
+    attempts_failed_by_code: dict[str, int] = {}  # e.g. replay_diverged: a black-box program that diverged
     rollouts_redone: int
     attempts_abandoned: int
     attempts_retired: int
@@ -167,6 +169,11 @@ async def summarize(
         rollouts_failed=counts["rollouts_failed"],
         attempts_dispatched=counts["attempts_dispatched"],
         attempts_failed=counts["attempts_failed"],
+        attempts_failed_by_code={
+            key[len(FAILED_PREFIX) :]: value
+            for key, value in sorted(counts.items())
+            if key.startswith(FAILED_PREFIX)
+        },
         rollouts_redone=counts["rollouts_redone"],
         attempts_abandoned=counts["attempts_abandoned"],
         attempts_retired=counts["attempts_retired"],
