@@ -1,8 +1,8 @@
 """The black-box agent: any executable, run once per attempt, talking to parkway only over HTTP.
 
 ``agent: command`` with ``command.argv`` (docs/blackbox.md). Per attempt the program is started with
-``argv`` in a session of its own and this environment (besides the agent's own, and
-``command.env``):
+``argv`` in a session of its own and this environment (besides the agent's own, less its ``PARKWAY_*``
+variables: its keys and broker credentials are not the program's; and ``command.env``):
 
 - ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``: the gateway's route of this attempt (``gateway.py``); any
   OpenAI client works unchanged;
@@ -33,6 +33,7 @@ from parkway.actors.builtin.blackbox import openai_format
 from parkway.actors.builtin.blackbox.gateway import Session, shared_gateway
 from parkway.actors.sdk.rollout import AgentProgram, RolloutContext, RolloutFailure
 
+PARKWAY_PREFIX = "PARKWAY_"
 STDERR_TAIL = 2000  # bytes of a failed program's stderr kept in its failure's detail
 
 
@@ -52,7 +53,7 @@ class CommandAgent(AgentProgram):
         token = gateway.open(session)
         base = gateway.base_url(token)
         environment = {
-            **os.environ,
+            **program_environment(os.environ),
             **self.env,
             "OPENAI_BASE_URL": f"{base}/v1",
             "OPENAI_API_KEY": token,
@@ -94,8 +95,15 @@ class CommandAgent(AgentProgram):
         finally:
             gateway.close(token)
             _kill_group(process)
+            stderr.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(process.wait(), 10)
+
+
+def program_environment(inherited: Mapping[str, str]) -> dict[str, str]:
+    """What the program inherits of the agent's environment: everything but ``PARKWAY_*`` (the agent's
+    signing keys, its broker address and credentials are not the program's to use)."""
+    return {k: v for k, v in inherited.items() if not k.startswith(PARKWAY_PREFIX)}
 
 
 async def _empty() -> bytes:

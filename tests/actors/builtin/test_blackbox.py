@@ -7,6 +7,7 @@ another request. (The crash over RabbitMQ with real signals: tests/integration/t
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -218,3 +219,34 @@ async def test_a_program_that_diverges_from_its_record_is_redone_from_its_prompt
     assert summary.attempts_failed_by_code == {"replay_diverged": len(with_history)}
     assert summary.rollouts_sealed == 4 and summary.rollouts_failed == 0
     assert summary.tool_mutations_duplicated == 0 and summary.sessions_leaked == 0
+
+
+ENV_DUMP = textwrap.dedent(
+    """
+    import json, os, sys
+    with open(sys.argv[1], "a") as out:
+        out.write(json.dumps(sorted(k for k in os.environ if k.startswith("PARKWAY_"))) + "\\n")
+    os.execv(sys.executable, [sys.executable, sys.argv[2]])  # then the example agent, as it is
+    """
+)
+
+
+@pytest.mark.slow  # a program per attempt
+async def test_the_program_gets_the_rollout_not_the_agents_keys(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("openai")
+    monkeypatch.setenv("PARKWAY_SECRET_FOR_TEST", "the agent's, not the program's")
+    script, dump = tmp_path / "dump.py", tmp_path / "env.jsonl"
+    script.write_text(ENV_DUMP)
+    summary = await run(workload([sys.executable, str(script), str(dump), str(AGENT)]), tmp_path / "state")
+    assert summary.rollouts_sealed == 4 and summary.mean_reward == 1.0
+    seen = {tuple(json.loads(line)) for line in dump.read_text().splitlines()}
+    assert seen == {
+        (
+            "PARKWAY_ATTEMPT",
+            "PARKWAY_MAX_TURNS",
+            "PARKWAY_PROMPT",
+            "PARKWAY_ROLLOUT_ID",
+            "PARKWAY_TOOLS",
+            "PARKWAY_TOOLS_URL",
+        )
+    }
