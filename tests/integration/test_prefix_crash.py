@@ -147,7 +147,7 @@ VLLM_CONFIG = """
 run: prefixv
 seed: 4
 agent: counter
-rollout: {{group_size: 2, max_turns: 3, max_tokens: 600}}
+rollout: {{group_size: 4, max_turns: 3, max_tokens: 500}}  # 3 replies and the prompt within 2048
 tasks: {{builtin: counter, limit: 2}}
 policy: {{engine: vllm, model: {model}, host: inline, engine_record: {record}}}
 topology: {{agents: 1, resources: 1}}
@@ -207,7 +207,7 @@ async def test_vllm_calls_in_flight_at_the_snapshot_continue_after_the_whole_clu
     assert driver.returncode == 0, err[-3000:]
     summary = json.loads(out)
     assert summary["restores"] == 1 and summary["rollouts_restored"] == len(saved)
-    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 4 and summary["rollouts_failed"] == 0
+    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 8 and summary["rollouts_failed"] == 0
     assert summary["sessions_leaked"] == 0 and summary["tool_mutations_duplicated"] == 0
     for line in check_continued(record, saved, kept, summary):
         if line["generated"]:  # vLLM's own output: the prefix was in the prompt, not sampled again
