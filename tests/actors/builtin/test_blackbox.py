@@ -19,6 +19,8 @@ from parkway.actors.builtin.blackbox.openai_format import FormatError
 from parkway.actors.sdk import chat
 from parkway.protocol.transcript import SavedRollout
 
+from tests.support.embedded import embedded_run
+
 AGENT = Path(__file__).resolve().parents[3] / "examples" / "openai-agent" / "agent.py"
 TOOLS = [
     {
@@ -133,33 +135,13 @@ def workload(argv: list[str], *, stream: bool = False) -> dict[str, object]:
     }
 
 
-async def run(data: dict[str, object], state: Path, *, stop_after: int | None = None):
-    from parkway.actors.launch.workload import run_workload
-    from parkway.actors.run.config import from_dict
-    from parkway.actors.run.tasks import load_tasks
-    from parkway.brokers.memory import MemoryBroker, MemoryHub
-
-    config = from_dict(data)
-    async with MemoryBroker(MemoryHub(), config.run) as broker:
-        return await run_workload(
-            broker,
-            b"s",
-            config,
-            load_tasks(config.tasks),
-            embedded=True,
-            state_root=state,
-            snapshots=True,
-            stop_after_snapshots=stop_after,
-        )
-
-
 @pytest.mark.slow  # a program per attempt
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_a_program_that_knows_nothing_of_parkway_runs_its_rollouts(
     tmp_path: Path, stream: bool
 ) -> None:
     pytest.importorskip("openai")
-    summary = await run(workload([sys.executable, str(AGENT)], stream=stream), tmp_path)
+    summary = await embedded_run(workload([sys.executable, str(AGENT)], stream=stream), tmp_path)
     assert summary.rollouts_sealed == 4 and summary.rollouts_failed == 0 and summary.mean_reward == 1.0
     assert (
         summary.model_calls >= 4 and summary.tool_mutations_duplicated == 0 and summary.sessions_leaked == 0
@@ -203,7 +185,7 @@ async def test_a_program_that_diverges_from_its_record_is_redone_from_its_prompt
     data["rollout"] = {"group_size": 2, "max_turns": 4, "max_attempts": 3}
     state = tmp_path / "state"
     with pytest.raises(SimulatedCrash):
-        await run(data, state, stop_after=3)
+        await embedded_run(data, state, stop_after=3)
     snapshot = sorted((state / "snapshots" / "bbox").glob("snapshot_*"))[-1]
     saved = [
         rollout
@@ -212,7 +194,7 @@ async def test_a_program_that_diverges_from_its_record_is_redone_from_its_prompt
     ]
     with_history = [r for r in saved if r.model]
     assert with_history, "the snapshot must hold finished model calls, or this case proves nothing"
-    summary = await run(data, state)
+    summary = await embedded_run(data, state)
     # Each restored program with a recorded model call asked another first call than the recorded one:
     # refused, never answered from the record, and the rollout redone from its prompt (live: no record).
     assert summary.rollouts_restored == len(saved)
@@ -237,7 +219,9 @@ async def test_the_program_gets_the_rollout_not_the_agents_keys(tmp_path: Path, 
     monkeypatch.setenv("PARKWAY_SECRET_FOR_TEST", "the agent's, not the program's")
     script, dump = tmp_path / "dump.py", tmp_path / "env.jsonl"
     script.write_text(ENV_DUMP)
-    summary = await run(workload([sys.executable, str(script), str(dump), str(AGENT)]), tmp_path / "state")
+    summary = await embedded_run(
+        workload([sys.executable, str(script), str(dump), str(AGENT)]), tmp_path / "state"
+    )
     assert summary.rollouts_sealed == 4 and summary.mean_reward == 1.0
     seen = {tuple(json.loads(line)) for line in dump.read_text().splitlines()}
     assert seen == {
