@@ -1,7 +1,7 @@
 """Prefix recovery across a real crash: every actor its own process on the real RabbitMQ, the
 deterministic engine bringing out long replies at a pace, ``recovery.target_level: prefix``.
 
-The controller SIGKILLs itself right after publishing a snapshot taken while model calls generate;
+The controller is SIGKILLed right after publishing the first snapshot taken while model calls generate;
 the test SIGKILLs every other process at once. The restarted cluster restores that snapshot and
 finishes. From the engine's own record (one line per generation, appended by the policy processes of
 both timelines) the test checks that every call the snapshot kept tokens of, for a rollout it
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from pathlib import Path
 
 import msgspec
@@ -23,7 +22,7 @@ from parkway.actors.engines.reaper import descendants, start_time
 from parkway.actors.launch.processes import kill_all
 from parkway.protocol.ids import parse_capture_key, parse_staging_key
 
-from tests.support.crash_cluster import cluster, reference_digest, start_driver
+from tests.support.crash_cluster import CRASH_FAULTS, cluster, crash_at, reference_digest, start_driver
 from tests.support.processes import wait_ready
 from tests.support.waiting import until
 
@@ -52,6 +51,25 @@ def policy_record(snapshot: Path) -> dict[str, object]:
         (snapshot / "participants" / "policy" / "0" / "participant.msgpack").read_bytes()
     )
     return record
+
+
+def kept_prefixes(snapshot: Path) -> dict[tuple[str, int], int]:
+    """(rollout, call index) -> tokens kept, for every call the snapshot caught generating in a
+    rollout it restores."""
+    restored = {
+        rollout_id for rollout_id, _ in json.loads((snapshot / "manifest.json").read_text())["episodes"]
+    }
+    return {
+        (p["rollout_id"], p["call_index"]): len(p["token_ids"])
+        for p in policy_record(snapshot)["prefixes"]
+        if p["rollout_id"] in restored
+    }
+
+
+def crash_when_generating(driver, run_dir: Path) -> Path:
+    return crash_at(
+        driver, run_dir, lambda path: bool(kept_prefixes(path)), "a restored rollout's call generating"
+    )
 
 
 def gone(pid: int) -> bool:
@@ -110,23 +128,15 @@ async def test_calls_in_flight_at_the_snapshot_continue_after_the_whole_cluster_
     state = tmp_path / "state"
 
     first = await cluster(spawn, client, config_path, state)
-    driver = start_driver(config_path, run_name, state, amqp_url, faults="after_publish@3")
-    _, err = await asyncio.to_thread(driver.communicate, timeout=240)
-    assert driver.returncode == -signal.SIGKILL, (
-        f"the controller did not die after its third publish:\n{err[-3000:]}"
-    )
+    driver = start_driver(config_path, run_name, state, amqp_url, faults=CRASH_FAULTS)
+    run_dir = state / "snapshots" / run_name
+    snapshot = await asyncio.wait_for(asyncio.to_thread(crash_when_generating, driver, run_dir), timeout=240)
     for actor in first:
         actor.kill()
     for actor in first:
         await asyncio.to_thread(actor.wait, 30)
-    snapshot = sorted((state / "snapshots" / run_name).glob("snapshot_*"))[-1]
     manifest = json.loads((snapshot / "manifest.json").read_text())
-    restored = {rollout_id for rollout_id, _ in manifest["episodes"]}  # [rollout id, attempt] pairs
-    kept = {
-        (p["rollout_id"], p["call_index"]): len(p["token_ids"])
-        for p in policy_record(snapshot)["prefixes"]
-        if p["rollout_id"] in restored
-    }
+    kept = kept_prefixes(snapshot)
     assert kept, "the snapshot must catch restored rollouts' calls generating, or this case proves nothing"
 
     await cluster(spawn, client, config_path, state)
@@ -180,25 +190,17 @@ async def test_vllm_calls_in_flight_at_the_snapshot_continue_after_the_whole_clu
     state = tmp_path / "state"
 
     first = await vllm_cluster(spawn, client, config_path)
-    driver = start_driver(config_path, run_name, state, amqp_url, faults="after_publish@3")
-    _, err = await asyncio.to_thread(driver.communicate, timeout=300)
-    assert driver.returncode == -signal.SIGKILL, (
-        f"the controller did not die after its third publish:\n{err[-3000:]}"
-    )
+    driver = start_driver(config_path, run_name, state, amqp_url, faults=CRASH_FAULTS)
+    run_dir = state / "snapshots" / run_name
+    snapshot = await asyncio.wait_for(asyncio.to_thread(crash_when_generating, driver, run_dir), timeout=300)
     [policy] = [actor for actor in first if actor.address == "policy/0"]
     engine_processes = descendants(policy.pid)  # vLLM's engine core and its worker
     assert engine_processes, "vLLM runs its engine in processes of its own"
     kill_all(first)
     # Killed with their policy process, not left holding their memory (engines/reaper.py).
     await until(lambda: all(gone(pid) for pid in engine_processes), timeout=30)
-    snapshot = sorted((state / "snapshots" / run_name).glob("snapshot_*"))[-1]
-    manifest = json.loads((snapshot / "manifest.json").read_text())
-    saved = dict(manifest["episodes"])
-    kept = {
-        (p["rollout_id"], p["call_index"]): len(p["token_ids"])
-        for p in policy_record(snapshot)["prefixes"]
-        if p["rollout_id"] in saved
-    }
+    saved = dict(json.loads((snapshot / "manifest.json").read_text())["episodes"])
+    kept = kept_prefixes(snapshot)
     assert kept, "the snapshot must catch restored rollouts' calls generating, or this case proves nothing"
 
     await vllm_cluster(spawn, client, config_path)
