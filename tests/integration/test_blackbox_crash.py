@@ -1,9 +1,9 @@
-"""A black-box agent across a real crash: ``examples/openai-agent/agent.py`` (the ``openai`` SDK and
-``urllib``, nothing of parkway) run per attempt by ``agent: command``, every actor its own process on
-the real RabbitMQ.
+"""A black-box agent across a real crash: ``examples/openai-agent/agent.py`` (the ``openai`` SDK, and
+``urllib`` or the ``mcp`` package's client for the tools: nothing of parkway) run per attempt by
+``agent: command``, every actor its own process on the real RabbitMQ.
 
-The controller is SIGKILLed right after publishing the first snapshot that holds finished model calls; the test SIGKILLs every other
-process, the agent programs with them. The restarted cluster restores the snapshot: each restored
+The controller is SIGKILLed right after publishing the first snapshot that holds finished model calls;
+the test SIGKILLs every other process, the agent programs with them. The restarted cluster restores the snapshot: each restored
 rollout's program starts again from the beginning and the gateway answers it from the saved transcript
 until it runs out. From the engine's own record the test checks that no model call the snapshot had
 finished was generated again; from the run: every rollout sealed once, each bank mutation applied
@@ -32,7 +32,7 @@ CONFIG = """
 run: blackbox
 seed: 21
 agent: command
-command: {{argv: [{python}, {agent}], env: {{AGENT_STREAM: "{stream}"}}}}
+command: {{argv: [{python}, {agent}], env: {{AGENT_STREAM: "{stream}", AGENT_TOOLS: {tools}}}}}
 rollout: {{group_size: 3, max_turns: 5}}
 tasks: {{builtin: bank, limit: 2}}
 policy: {{host: inline, per_token_delay_s: 0.004{record}}}
@@ -44,10 +44,12 @@ prepare_timeout_s: 10
 
 
 def config(stream: bool, record: Path | None = None) -> str:
+    """Plain calls with the tools over HTTP, or streamed calls with the tools over MCP."""
     return CONFIG.format(
         python=sys.executable,
         agent=AGENT,
         stream="1" if stream else "0",
+        tools="mcp" if stream else "http",
         record=f", engine_record: {record}" if record else "",
     )
 
@@ -61,10 +63,12 @@ def saved_model_calls(snapshot: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain-http", "stream-mcp"])
 async def test_a_black_box_agent_continues_after_the_whole_cluster_is_killed(
     spawn, client, amqp_url, run_name, tmp_path, stream
 ) -> None:
+    if stream:
+        pytest.importorskip("mcp")
     record = tmp_path / "engine.jsonl"
     reference_config = tmp_path / "reference.yaml"
     reference_config.write_text(config(stream))

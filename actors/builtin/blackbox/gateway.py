@@ -11,7 +11,9 @@ only (in ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``), so one rollout's program c
 - ``GET /r/<token>/v1/models``: the one model the run serves;
 - ``POST /r/<token>/tools/<name>`` with the arguments as a JSON object: one tool call, exactly once,
   replayed after a restore; the answer is ``{"ok": ..., "output": ...}``; ``GET /r/<token>/tools``: the
-  rollout's tools in the OpenAI ``tools`` shape.
+  rollout's tools in the OpenAI ``tools`` shape;
+- ``POST /r/<token>/mcp``: the same tools as an MCP server over streamable HTTP (``mcp_format.py``),
+  each call exactly once like the plain route's (a ``GET`` there is 405: no stream is offered).
 
 A call the rollout cannot take (a divergence from the recorded history, a reserved tool) ends the
 attempt: the gateway answers 409 and the program that waits for its exit is told (``Session.failure``).
@@ -27,9 +29,9 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from parkway.actors.builtin.blackbox import openai_format
+from parkway.actors.builtin.blackbox import mcp_format, openai_format
 from parkway.actors.sdk import chat
-from parkway.actors.sdk.rollout import RolloutContext, RolloutFailure
+from parkway.actors.sdk.rollout import RolloutContext, RolloutFailure, ToolOutcome
 
 log = structlog.get_logger("parkway.gateway")
 
@@ -77,6 +79,9 @@ class Gateway:
                     web.get("/r/{token}/v1/models", self.models),
                     web.get("/r/{token}/tools", self.list_tools),
                     web.post("/r/{token}/tools/{name}", self.call_tool),
+                    web.post("/r/{token}/mcp", self.mcp),
+                    web.get("/r/{token}/mcp", self.mcp_stream),
+                    web.delete("/r/{token}/mcp", self.mcp_end),
                 ]
             )
             runner = web.AppRunner(app, access_log=None)
@@ -179,16 +184,64 @@ class Gateway:
         arguments = await self._body(request)
         if not isinstance(arguments, dict):
             raise _bad("the body must be the tool's arguments, a JSON object")
+        try:
+            outcome = await self._tool(session, request.match_info["name"], arguments)
+        except RolloutFailure as failure:
+            raise _ended(failure) from None
+        return web.json_response({"ok": outcome.ok, "output": outcome.output})
+
+    async def _tool(self, session: Session, name: str, arguments: dict[str, object]) -> ToolOutcome:
+        """One tool call of the rollout, in turn with its other calls; a failure ends the attempt."""
         async with session.lock:
             if session.failure is not None:
-                raise _ended(session.failure)
+                raise session.failure
             try:
-                outcome = await session.ctx.call_tool(request.match_info["name"], arguments)
+                outcome = await session.ctx.call_tool(name, arguments)
             except RolloutFailure as failure:
                 session.fail(failure)
-                raise _ended(failure) from None
+                raise
             session.calls += 1
-        return web.json_response({"ok": outcome.ok, "output": outcome.output})
+        return outcome
+
+    async def mcp(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        ident: str | int | None = None
+        try:
+            message = mcp_format.parse(await request.read())
+            ident = message.id
+            if not message.is_request:
+                return web.Response(status=202)  # a notification (or a response): taken, nothing to say
+            answer = await self._mcp_request(session, message)
+        except mcp_format.RpcError as exc:
+            return web.json_response(mcp_format.error(ident, exc.code, exc.message))
+        return web.json_response(mcp_format.result(ident, answer))
+
+    async def _mcp_request(self, session: Session, message: mcp_format.Message) -> dict[str, object]:
+        if message.method == "initialize":
+            return mcp_format.initialize(message.params)
+        if message.method == "ping":
+            return {}
+        if message.method == "tools/list":
+            return mcp_format.list_tools(list(session.ctx.tools))
+        if message.method == "tools/call":
+            name, arguments = mcp_format.tool_call(message.params)
+            try:
+                outcome = await self._tool(session, name, arguments)
+            except RolloutFailure as failure:
+                raise mcp_format.RpcError(
+                    mcp_format.ROLLOUT_ENDED, f"the rollout ended: {failure.code}: {failure.detail}"
+                ) from None
+            return mcp_format.call_result(outcome.ok, outcome.output)
+        raise mcp_format.RpcError(mcp_format.METHOD_NOT_FOUND, f"method not found: {message.method}")
+
+    async def mcp_stream(self, request: web.Request) -> web.Response:
+        self._session(request)
+        # The gateway never speaks first, so it offers no event stream (the transport allows a 405).
+        return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+
+    async def mcp_end(self, request: web.Request) -> web.Response:
+        self._session(request)
+        return web.Response(status=200)  # nothing is kept per MCP session: the route is the attempt's
 
 
 def _bad(message: str) -> web.HTTPBadRequest:

@@ -7,6 +7,7 @@ variables: its keys and broker credentials are not the program's; and ``command.
 - ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``: the gateway's route of this attempt (``gateway.py``); any
   OpenAI client works unchanged;
 - ``PARKWAY_TOOLS_URL``: ``POST $PARKWAY_TOOLS_URL/<tool>`` with the arguments as JSON calls a tool;
+- ``PARKWAY_MCP_URL``: the same tools as an MCP server (streamable HTTP);
 - ``PARKWAY_PROMPT``, ``PARKWAY_TOOLS`` (the tools as the OpenAI ``tools`` list, JSON),
   ``PARKWAY_MAX_TURNS``, ``PARKWAY_ROLLOUT_ID``, ``PARKWAY_ATTEMPT``.
 
@@ -58,6 +59,7 @@ class CommandAgent(AgentProgram):
             "OPENAI_BASE_URL": f"{base}/v1",
             "OPENAI_API_KEY": token,
             "PARKWAY_TOOLS_URL": f"{base}/tools",
+            "PARKWAY_MCP_URL": f"{base}/mcp",
             "PARKWAY_PROMPT": ctx.prompt,
             "PARKWAY_TOOLS": json.dumps(openai_format.openai_tools(list(ctx.tools))),
             "PARKWAY_MAX_TURNS": str(ctx.max_turns),

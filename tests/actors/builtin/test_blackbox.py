@@ -121,12 +121,12 @@ def test_a_reply_becomes_a_completion_and_its_stream() -> None:
     )
 
 
-def workload(argv: list[str], *, stream: bool = False) -> dict[str, object]:
+def workload(argv: list[str], *, stream: bool = False, tools: str = "http") -> dict[str, object]:
     return {
         "run": "bbox",
         "seed": 4,
         "agent": "command",
-        "command": {"argv": argv, "env": {"AGENT_STREAM": "1" if stream else "0"}},
+        "command": {"argv": argv, "env": {"AGENT_STREAM": "1" if stream else "0", "AGENT_TOOLS": tools}},
         "rollout": {"group_size": 2, "max_turns": 4},
         "tasks": {"builtin": "bank", "limit": 2},
         "policy": {"host": "inline", "per_token_delay_s": 0.002},
@@ -136,13 +136,19 @@ def workload(argv: list[str], *, stream: bool = False) -> dict[str, object]:
 
 
 @pytest.mark.slow  # a program per attempt
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize(
+    ("stream", "tools"), [(False, "http"), (True, "http"), (False, "mcp")], ids=["plain", "stream", "mcp"]
+)
 async def test_a_program_that_knows_nothing_of_parkway_runs_its_rollouts(
-    tmp_path: Path, stream: bool
+    tmp_path: Path, stream: bool, tools: str
 ) -> None:
     pytest.importorskip("openai")
-    summary = await embedded_run(workload([sys.executable, str(AGENT)], stream=stream), tmp_path)
+    if tools == "mcp":
+        pytest.importorskip("mcp")
+    data = workload([sys.executable, str(AGENT)], stream=stream, tools=tools)
+    summary = await embedded_run(data, tmp_path)
     assert summary.rollouts_sealed == 4 and summary.rollouts_failed == 0 and summary.mean_reward == 1.0
+    assert summary.tool_calls > 0  # the bank's transfers went through the tools route under test
     assert (
         summary.model_calls >= 4 and summary.tool_mutations_duplicated == 0 and summary.sessions_leaked == 0
     )
@@ -228,6 +234,7 @@ async def test_the_program_gets_the_rollout_not_the_agents_keys(tmp_path: Path, 
         (
             "PARKWAY_ATTEMPT",
             "PARKWAY_MAX_TURNS",
+            "PARKWAY_MCP_URL",
             "PARKWAY_PROMPT",
             "PARKWAY_ROLLOUT_ID",
             "PARKWAY_TOOLS",
