@@ -17,6 +17,18 @@ Per run ``R`` it declares, all durable:
   ``parkway dead-letters purge --recreate`` makes it anew with the configured bounds;
 - exchange ``pk.R.logs`` (fanout) -> stream ``pk.R.logs``: every actor's log lines, readable from the start.
 
+Queue types (``QueueKind``, from ``PARKWAY_QUEUE_TYPE``): ``classic`` (the default: one node holds each
+queue) or ``quorum`` for a cluster: every command queue and the dead-letter queue is a quorum queue,
+replicated on a majority of the nodes, so a node lost takes no message with it. A quorum command queue
+dead-letters a message redelivered more than ``PARKWAY_DELIVERY_LIMIT`` times (a poison message that
+kills whoever takes it is set aside, not retried forever) and dead-letters at least once
+(``x-dead-letter-strategy``): a dead letter is moved only once the dead-letter queue has confirmed it.
+The log stream is a stream either way (streams replicate by themselves).
+
+Several nodes: ``url`` may list several, comma-separated (``PARKWAY_BROKER_URL``). The connection is
+made to the first that answers, in order; when it is lost, aio-pika reconnects, and while it stays down
+each attempt after the first goes to the next node of the list (``_fail_over``).
+
 Requests use direct reply-to on one channel; each consumer (one per lane an actor consumes) gets a
 channel of its own, so cancelling one closes its channel and RabbitMQ requeues exactly its unsettled
 deliveries, and a data consumer whose prefetch is full holds up no control command.
@@ -46,8 +58,8 @@ import collections
 import contextlib
 import datetime
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
-from dataclasses import replace
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aio_pika
@@ -79,6 +91,7 @@ from parkway.brokers.base import (
     dead_letter_headers,
 )
 from parkway.brokers.urls import redact_url
+from yarl import URL
 
 log = structlog.get_logger("parkway.broker")
 
@@ -97,6 +110,11 @@ _TRANSPORT_ERRORS = (
     ConnectionError,
 )
 LOG_STREAM_MAX_BYTES = 256 * 1024 * 1024
+QUEUE_TYPE_ENV = "PARKWAY_QUEUE_TYPE"
+DELIVERY_LIMIT_ENV = "PARKWAY_DELIVERY_LIMIT"
+QUEUE_TYPES = ("classic", "quorum")
+DEFAULT_DELIVERY_LIMIT = 20  # redeliveries of one message before a quorum queue dead-letters it
+FAILOVER_AFTER_S = 1.0  # down this long on one node: the next attempt goes to the next node
 REPLIES_READY_TIMEOUT_S = 30.0  # how long a request waits for a reopened channel's reply consumer
 # The part of a queue's name that says its lane: ``pk.R.q.<address>`` (data, the name it always had)
 # and ``pk.R.c.<address>`` (control).
@@ -128,6 +146,50 @@ def run_queues(run: str, addresses: Iterable[str]) -> list[str]:
 def run_exchanges(run: str) -> list[str]:
     """Every exchange run ``run`` declares: each lane's, the dead letters', the logs'."""
     return [*(exchange_name(run, lane) for lane in Lane), f"{run_prefix(run)}.dlx", f"{run_prefix(run)}.logs"]
+
+
+def split_urls(url: str) -> list[str]:
+    """The nodes' URLs of a (comma-separated) broker URL, in order."""
+    urls = [part.strip() for part in url.split(",") if part.strip()]
+    if not urls:
+        raise BrokerError("no broker URL given")
+    return urls
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKind:
+    """What kind of queue an actor's command queues and the dead-letter queue are."""
+
+    type: str = "classic"
+    delivery_limit: int = DEFAULT_DELIVERY_LIMIT
+
+    def __post_init__(self) -> None:
+        if self.type not in QUEUE_TYPES:
+            raise BrokerError(f"{QUEUE_TYPE_ENV}={self.type!r}: want one of {', '.join(QUEUE_TYPES)}")
+        if self.delivery_limit < 1:
+            raise BrokerError(f"{DELIVERY_LIMIT_ENV}={self.delivery_limit}: want 1 or more")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> QueueKind:
+        env = os.environ if environ is None else environ
+        kind = env.get(QUEUE_TYPE_ENV, "").strip() or "classic"
+        limit = env.get(DELIVERY_LIMIT_ENV, "").strip()
+        try:
+            delivery_limit = int(limit) if limit else DEFAULT_DELIVERY_LIMIT
+        except ValueError:
+            raise BrokerError(f"{DELIVERY_LIMIT_ENV}={limit!r}: want a whole number") from None
+        return cls(type=kind, delivery_limit=delivery_limit)
+
+    def command_queue_arguments(self, dead_letter_exchange: str) -> dict[str, FieldValue]:
+        arguments: dict[str, FieldValue] = {"x-dead-letter-exchange": dead_letter_exchange}
+        if self.type == "quorum":
+            arguments |= {
+                "x-queue-type": "quorum",
+                "x-delivery-limit": self.delivery_limit,
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",  # what at-least-once dead-lettering requires
+            }
+        return arguments
 
 
 def _remember(addresses: collections.OrderedDict[str, None], address: str) -> None:
@@ -204,9 +266,14 @@ class RabbitBroker(Broker):
         *,
         connection_name: str | None = None,
         dead_letter_bounds: DeadLetterBounds | None = None,
+        queue_kind: QueueKind | None = None,
     ) -> None:
         super().__init__(run, dead_letter_bounds=dead_letter_bounds)
-        self.url = url
+        self.urls = split_urls(url)
+        self.url = self.urls[0]  # the node connected to (or tried last)
+        self.queue_kind = queue_kind or QueueKind.from_env()
+        self.failovers = 0  # times a lost connection was tried on another node
+        self._failover_task: asyncio.Task[None] | None = None
         self.connection_name = connection_name or f"parkway-{run}-{os.getpid()}"
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -239,21 +306,34 @@ class RabbitBroker(Broker):
         return f"{self.prefix}.dead"
 
     def dead_queue_arguments(self) -> dict[str, FieldValue]:
-        return {
+        arguments: dict[str, FieldValue] = {
             "x-max-length": self.dead_letter_bounds.max_length,
             "x-message-ttl": int(self.dead_letter_bounds.max_age_s * 1000),
             "x-overflow": "reject-publish",
         }
+        if self.queue_kind.type == "quorum":
+            arguments["x-queue-type"] = "quorum"
+        return arguments
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        try:
-            self._connection = await aio_pika.connect_robust(
-                self.url, reconnect_interval=0.5, client_properties={"connection_name": self.connection_name}
-            )
-        except (OSError, aiormq.exceptions.AMQPError) as exc:
-            raise BrokerError(f"cannot connect to {redact_url(self.url)}: {exc}") from exc
+        problems = []
+        for url in self.urls:  # the first node that answers
+            try:
+                self._connection = await aio_pika.connect_robust(
+                    url, reconnect_interval=0.5, client_properties={"connection_name": self.connection_name}
+                )
+            except (OSError, aiormq.exceptions.AMQPError) as exc:
+                problems.append(f"{redact_url(url)}: {exc}")
+                continue
+            self.url = url
+            break
+        else:
+            raise BrokerError(f"cannot connect to {'; '.join(problems)}")
+        assert self._connection is not None
         self._connection.reconnect_callbacks.add(self._on_reconnect)
+        if len(self.urls) > 1:
+            self._failover_task = asyncio.create_task(self._fail_over(self._connection))
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._channel = channel
         for lane in Lane:
@@ -321,7 +401,21 @@ class RabbitBroker(Broker):
     def _on_reconnect(self, *_: Any) -> None:
         self.reconnects += 1
 
+    async def _fail_over(self, connection: AbstractRobustConnection) -> None:
+        """While the connection stays down, point its next attempt at the next node, every
+        ``FAILOVER_AFTER_S``: aio-pika's own reconnection tries ``connection.url`` again and again."""
+        while not connection.is_closed:
+            await asyncio.sleep(FAILOVER_AFTER_S)
+            if connection.connected.is_set():
+                continue
+            self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
+            connection.url = URL(self.url)  # type: ignore[attr-defined]  # read by each attempt
+            self.failovers += 1
+            log.warning("broker_failover", node=redact_url(self.url))
+
     async def close(self) -> None:
+        if self._failover_task is not None:
+            self._failover_task.cancel()
         for consumer in list(self._consumers):
             await consumer.cancel()
         self._consumers.clear()
@@ -338,11 +432,18 @@ class RabbitBroker(Broker):
             return
         assert self._channel is not None and self._exchanges, "broker not started"
         for lane in Lane:
-            queue = await self._channel.declare_queue(
-                self.queue_name(address, lane),
-                durable=True,
-                arguments={"x-dead-letter-exchange": f"{self.prefix}.dlx"},
-            )
+            try:
+                queue = await self._channel.declare_queue(
+                    self.queue_name(address, lane),
+                    durable=True,
+                    arguments=self.queue_kind.command_queue_arguments(f"{self.prefix}.dlx"),
+                )
+            except aiormq.exceptions.ChannelPreconditionFailed as exc:
+                raise BrokerError(
+                    f"queue {self.queue_name(address, lane)} exists with other settings than a "
+                    f"{self.queue_kind.type} queue's (declared by another configuration of run {self.run!r}): "
+                    f"{exc}"
+                ) from None
             await queue.bind(self._exchanges[lane], routing_key=address)
         self._declared.add(address)
 

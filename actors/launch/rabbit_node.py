@@ -53,7 +53,7 @@ def rabbitmq_bin() -> Path | None:
 class RabbitNode:
     """One RabbitMQ node on 127.0.0.1 with a random AMQP port. Use as a context manager."""
 
-    def __init__(self, name: str, *, start_timeout_s: float = 90.0) -> None:
+    def __init__(self, name: str, *, start_timeout_s: float = 90.0, cookie: str | None = None) -> None:
         binary = rabbitmq_bin()
         if binary is None:
             raise BrokerNodeError(
@@ -66,6 +66,10 @@ class RabbitNode:
         self.port = free_port()
         self.dist_port = free_port()
         self.pid_file = self.directory / "node.pid"
+        if cookie is not None:  # the nodes of one cluster share theirs (Erlang's distribution secret)
+            cookie_file = self.directory / ".erlang.cookie"
+            cookie_file.write_text(cookie)
+            cookie_file.chmod(0o400)
         self.started_s: list[float] = []  # how long each start took
 
     @property
@@ -89,6 +93,10 @@ class RabbitNode:
             ERL_CRASH_DUMP=str(self.directory / "erl_crash.dump"),
         )
         return env
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """``rabbitmqctl -n <this node> ARGS``, as this node's own user and cookie."""
+        return self._ctl(*args, timeout=timeout)
 
     def _ctl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 
 from parkway.actors.launch.roles import ROLES
 from parkway.actors.runtime.settings import SettingsError
+from parkway.brokers.urls import redact_url
 from parkway.protocol.ids import Role, actor_address
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -27,9 +28,17 @@ BROKER_SCHEMES = ("memory://", "amqp://", "amqps://")
 def broker_url_problem(url: str | None) -> str | None:
     """Why a broker URL (``--broker`` or ``$PARKWAY_BROKER_URL``) cannot be used, or None: caught before
     a command connects, so a typo is one line, not a traceback from the transport factory."""
-    if not url or url.startswith(BROKER_SCHEMES):
+    if not url:
         return None
-    return f"unsupported broker URL {url!r}: use memory:// or amqp://user:pass@host:port/"
+    parts = [part.strip() for part in url.split(",")]
+    if len(parts) > 1 and not all(part.startswith(("amqp://", "amqps://")) for part in parts):
+        return (
+            f"broker URL list {redact_url(url)!r}: several nodes are amqp:// URLs, comma-separated, "
+            "each of a node of one RabbitMQ cluster"
+        )
+    if parts[0].startswith(BROKER_SCHEMES):
+        return None
+    return f"unsupported broker URL {redact_url(url)!r}: use memory:// or amqp://user:pass@host:port/"
 
 
 def metrics(p: argparse.ArgumentParser) -> None:
