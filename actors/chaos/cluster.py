@@ -32,7 +32,17 @@ class Proc(Process):
 class Cluster:
     """The processes of one workload, started and restarted by name; every one is reaped at the end."""
 
-    def __init__(self, *, url: str, run: str, state: Path, config: Path, secret: str, logs: Path) -> None:
+    def __init__(
+        self,
+        *,
+        url: str,
+        run: str,
+        state: Path,
+        config: Path,
+        secret: str,
+        logs: Path,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.url, self.run, self.state, self.config, self.secret, self.logs = (
             url,
             run,
@@ -41,16 +51,30 @@ class Cluster:
             secret,
             logs,
         )
+        self.extra_env = dict(extra_env or {})
+        self._first_node: dict[str, int] = {}  # a process's first node on a cluster
         self.procs: dict[str, Proc] = {}
         self.everything: list[Proc] = []  # every process ever started, for the final clean-up
         self.starts: dict[str, int] = {}
         self.summary_path = logs / "summary.json"
 
-    def env(self, faults: str = "") -> dict[str, str]:
+    def broker_url(self, name: str) -> str:
+        """The broker URL process ``name`` is given: on a cluster (a comma-separated list of nodes),
+        the controller's list starts at the first node and each actor's at another, in turn, so that
+        the processes spread over the nodes and a node lost drops some of them and not others."""
+        nodes = [url for url in self.url.split(",") if url]
+        if len(nodes) < 2:
+            return self.url
+        if name not in self._first_node:  # in the order processes first start: stable over restarts
+            self._first_node[name] = 0 if name == CONTROLLER else (1 + len(self._first_node)) % len(nodes)
+        first = self._first_node[name]
+        return ",".join(nodes[first:] + nodes[:first])
+
+    def env(self, faults: str = "", name: str = CONTROLLER) -> dict[str, str]:
         env = processes.run_environment(
-            run=self.run, secret=self.secret, state=self.state, broker_url=self.url
+            run=self.run, secret=self.secret, state=self.state, broker_url=self.broker_url(name)
         )
-        env.update(PARKWAY_METRICS_PORT="0", **{HISTORY_ENV: "1"})
+        env.update(PARKWAY_METRICS_PORT="0", **{HISTORY_ENV: "1"}, **self.extra_env)
         if faults:
             env[FAULTS_ENV] = faults
         return env
@@ -60,14 +84,14 @@ class Cluster:
         log = self._log_path(name, count)
         if name == CONTROLLER:
             started = processes.start_run(
-                self.config, env=self.env(faults), stderr=log, stdout=self.summary_path
+                self.config, env=self.env(faults, name), stderr=log, stdout=self.summary_path
             )
         else:
             role, replica = name.split("/")
             started = processes.start_actor(
                 role,
                 int(replica),
-                env=self.env(faults),
+                env=self.env(faults, name),
                 stderr=log,
                 config=self.config,
                 log_level="info",

@@ -47,10 +47,12 @@ from parkway.actors.chaos.schedule import (
     random_plan,
     relabel,
 )
+from parkway.actors.launch.rabbit_cluster import RabbitCluster
 from parkway.actors.launch.rabbit_node import BrokerNodeError, RabbitNode
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History, history_dir, read_file
 from parkway.brokers.base import BrokerError
+from parkway.brokers.rabbitmq import QUEUE_TYPE_ENV
 from parkway.protocol.history import FaultInjected, Record, SnapshotStep, UnplannedExit
 from parkway.protocol.layout import SNAPSHOTS_DIR
 from parkway.protocol.messages import Status, StatusReport
@@ -82,6 +84,7 @@ class Options:
     seed: int = 1
     workdir: Path = Path(".parkway/chaos")
     broker_url: str | None = None  # None: a throwaway RabbitMQ node this run owns (broker faults on)
+    broker_nodes: int = 1  # more: a throwaway cluster of that many nodes, with quorum queues
     minutes: float | None = None  # a long run: random workloads until this much time has passed
     quick: bool = True  # the short matrix (CI) instead of the full one
     workloads: int | None = None  # at most this many workloads
@@ -97,11 +100,19 @@ class Options:
 # -- one workload -------------------------------------------------------------------------------
 class Workload:
     def __init__(
-        self, plan: WorkloadPlan, *, options: Options, url: str, node: RabbitNode | None, secret: str
+        self,
+        plan: WorkloadPlan,
+        *,
+        options: Options,
+        url: str,
+        node: RabbitNode | None,
+        secret: str,
+        broker_cluster: RabbitCluster | None = None,
     ) -> None:
         self.plan = plan
         self.options = options
         self.node = node
+        self.broker_cluster = broker_cluster
         self.run = f"chaos{options.seed}-w{plan.index}-{secrets.token_hex(3)}"
         self.root = options.workdir / self.run
         self.state = self.root / "state"
@@ -118,7 +129,13 @@ class Workload:
             )
         )
         self.cluster = Cluster(
-            url=url, run=self.run, state=self.state, config=self.config, secret=secret, logs=self.logs
+            url=url,
+            run=self.run,
+            state=self.state,
+            config=self.config,
+            secret=secret,
+            logs=self.logs,
+            extra_env={QUEUE_TYPE_ENV: "quorum"} if broker_cluster is not None else None,
         )
         self.history_dir = history_dir(self.state, self.run)
         self.nemesis = History(self.history_dir / f"nemesis-0-{os.getpid()}.jsonl", f"{NEMESIS}/0")
@@ -190,14 +207,17 @@ class Workload:
 
     # -- the run -----------------------------------------------------------------------------------
     async def go(self) -> WorkloadResult:
-        from parkway.brokers.rabbitmq import RabbitBroker
+        from parkway.brokers.rabbitmq import QueueKind, RabbitBroker
 
         self.started = time.monotonic()
         deadline = self.started + self.options.workload_timeout_s
         self.say(f"run {self.run}: {self.plan.describe()}")
         try:
             async with RabbitBroker(
-                self.cluster.url, self.run, connection_name=f"parkway-{self.run}-nemesis"
+                self.cluster.url,
+                self.run,
+                connection_name=f"parkway-{self.run}-nemesis",
+                queue_kind=QueueKind.from_env(self.cluster.extra_env),  # the actors' kind of queue
             ) as broker:
                 client = Client(broker, secret=self.cluster.secret.encode(), sender="cli/nemesis")
                 for address in PARTICIPANTS:
@@ -330,6 +350,7 @@ class Workload:
                 planned.kind,
                 planned.down_s,
                 node=self.node,
+                cluster=self.broker_cluster,
                 snapshots=self.state / SNAPSHOTS_DIR / self.run,
                 resume=lambda: self.cluster.signal(CONTROLLER, signal.SIGCONT),
             )
@@ -431,26 +452,42 @@ async def run_chaos(options: Options) -> ChaosResult:
     options.workdir.mkdir(parents=True, exist_ok=True)
     secret = secrets.token_hex(16)
     node: RabbitNode | None = None
+    broker_cluster: RabbitCluster | None = None
     results: list[WorkloadResult] = []
     try:
-        if options.broker_url is None:
+        if options.broker_url is None and options.broker_nodes > 1:
+            broker_cluster = RabbitCluster(f"parkway-chaos-{os.getpid()}-", options.broker_nodes)
+            await asyncio.to_thread(broker_cluster.start)
+        elif options.broker_url is None:
             node = RabbitNode(f"parkway-chaos-{os.getpid()}")
             await asyncio.to_thread(node.start)
-        url = options.broker_url or (node.url if node is not None else "")
+        url = options.broker_url or (
+            node.url if node is not None else broker_cluster.url_list if broker_cluster is not None else ""
+        )
         deadline = started + options.minutes * 60 if options.minutes is not None else None
         for plan in plans_for(options, broker=node is not None):
             if deadline is not None and time.monotonic() > deadline:
                 break
-            workload = Workload(plan, options=options, url=url, node=node, secret=secret)
+            workload = Workload(
+                plan, options=options, url=url, node=node, secret=secret, broker_cluster=broker_cluster
+            )
             try:
                 results.append(await workload.go())
             finally:
-                if node is None:  # a shared broker keeps nothing of ours (a node of our own goes whole)
+                if options.broker_url is not None:  # a shared broker keeps nothing of ours
                     await delete_run(url, workload.run)
             if results[-1].passed and not options.keep_passing:
                 shutil.rmtree(workload.root / "state" / SNAPSHOTS_DIR, ignore_errors=True)
     finally:
         if node is not None:
             await asyncio.to_thread(node.stop)
-    broker_text = "own node" if options.broker_url is None else "shared"
+        if broker_cluster is not None:
+            await asyncio.to_thread(broker_cluster.stop)
+    broker_text = (
+        "shared"
+        if options.broker_url is not None
+        else f"own cluster of {options.broker_nodes}"
+        if broker_cluster is not None
+        else "own node"
+    )
     return ChaosResult(options.seed, results, time.monotonic() - started, broker_text)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from parkway.actors.chaos.schedule import FaultKind
+from parkway.actors.launch.rabbit_cluster import RabbitCluster
 from parkway.actors.launch.rabbit_node import RabbitNode
 from parkway.actors.runtime.faults import STOPPED_LINE
 
@@ -63,13 +64,24 @@ def make_writable(directory: Path) -> None:
 
 
 async def outage(
-    kind: FaultKind, down_s: float, *, node: RabbitNode | None, snapshots: Path, resume: Callable[[], None]
+    kind: FaultKind,
+    down_s: float,
+    *,
+    node: RabbitNode | None,
+    snapshots: Path,
+    resume: Callable[[], None],
+    cluster: RabbitCluster | None = None,
 ) -> None:
     """Break what ``kind`` names, ``resume`` the stopped controller, wait ``down_s``, repair."""
     breaks: Callable[[], object]
     repairs: Callable[[], object]
     if kind is FaultKind.STATE_UNWRITABLE:
         breaks, repairs = (lambda: make_unwritable(snapshots)), (lambda: make_writable(snapshots))
+    elif kind in (FaultKind.NODE_STOP, FaultKind.NODE_STOP_CONTROLLERS):
+        if cluster is None or len(cluster.nodes) < 2:
+            raise OutageError(f"{kind}: the broker is not a cluster of this run's own")
+        index = 0 if kind is FaultKind.NODE_STOP_CONTROLLERS else len(cluster.nodes) - 1
+        breaks, repairs = (lambda: cluster.stop_node(index)), (lambda: cluster.start_node(index))
     elif node is None:
         raise OutageError(f"{kind}: the broker is not this run's own node")
     elif kind is FaultKind.BROKER_RESTART:

@@ -53,10 +53,15 @@ class FaultKind(StrEnum):
     BROKER_RESTART = "broker_restart"  # rabbitmqctl stop_app / start_app on the run's own node
     BROKER_KILL = "broker_kill"  # SIGKILL the broker node's VM, then start it on the same data
     STATE_UNWRITABLE = "state_unwritable"  # the run's snapshot directory replaced by a file, then back
+    # On a broker cluster (``broker_nodes`` > 1): one node's broker stopped, then started again; the
+    # last node (the controller connects to the first, some actors to this one), or the first.
+    NODE_STOP = "node_stop"
+    NODE_STOP_CONTROLLERS = "node_stop_controllers"
 
 
 BROKER_KINDS = frozenset({FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL})
-OUTAGE_KINDS = BROKER_KINDS | {FaultKind.STATE_UNWRITABLE}
+NODE_KINDS = frozenset({FaultKind.NODE_STOP, FaultKind.NODE_STOP_CONTROLLERS})
+OUTAGE_KINDS = BROKER_KINDS | NODE_KINDS | {FaultKind.STATE_UNWRITABLE}
 BROKER_OUTAGE_S = 3.0  # how long the broker stays down in a matrix's outage at a point
 SAVE_STEPS: tuple[str, ...] = tuple(step.name.value for step in SAVE_SEQUENCE)
 RESTORE_POINTS = (

@@ -43,7 +43,9 @@ class RabbitCluster:
             for step in (("stop_app",), ("join_cluster", first.name), ("start_app",)):
                 result = node.ctl(*step)
                 if result.returncode != 0:
-                    raise BrokerNodeError(f"{node.name}: rabbitmqctl {' '.join(step)}: {result.stderr[-2000:]}")
+                    raise BrokerNodeError(
+                        f"{node.name}: rabbitmqctl {' '.join(step)}: {result.stderr[-2000:]}"
+                    )
         running = self.running_nodes()
         if sorted(running) != sorted(node.name for node in self.nodes):
             raise BrokerNodeError(f"the cluster runs {running}, not every node")
