@@ -31,6 +31,13 @@ def add_arguments(parser: Any) -> None:
         help="use this RabbitMQ (URL) instead of a throwaway node of its own; broker faults are then skipped",
     )
     parser.add_argument(
+        "--broker-nodes",
+        type=int,
+        default=1,
+        help="a throwaway RabbitMQ cluster of this many nodes (quorum queues), with node stops mid-snapshot "
+        "in the matrix, instead of one node (default 1)",
+    )
+    parser.add_argument(
         "--workdir", default=".parkway/chaos", help="where each workload's state, history and logs go"
     )
     parser.add_argument(
@@ -54,6 +61,10 @@ def usage_error(args: Any) -> str | None:
         return f"--workload-timeout {args.workload_timeout}: want a number of seconds more than 0"
     if not 1 <= args.tasks <= 4:
         return f"--tasks {args.tasks}: want 1 to 4 (the built-in bank tasks, 3 rollouts each)"
+    if not 1 <= args.broker_nodes <= 7:
+        return f"--broker-nodes {args.broker_nodes}: want 1 to 7"
+    if args.broker_nodes > 1 and args.broker:
+        return "--broker-nodes starts a cluster of its own; drop --broker"
     if args.minutes is not None and args.full:
         return "--minutes draws its workloads from the full matrix already; drop --full"
     return None
@@ -68,6 +79,7 @@ def command(args: Any) -> int:
         seed=args.seed,
         workdir=Path(args.workdir),
         broker_url=args.broker,
+        broker_nodes=args.broker_nodes,
         minutes=args.minutes,
         quick=not args.full,
         workloads=args.workloads,

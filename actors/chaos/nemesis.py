@@ -431,17 +431,17 @@ async def delete_run(url: str, run: str) -> None:
                 await channel.exchange_delete(name)
 
 
-def plans_for(options: Options, *, broker: bool) -> Iterator[WorkloadPlan]:
+def plans_for(options: Options, *, broker: bool, nodes: bool = False) -> Iterator[WorkloadPlan]:
     if options.plans is not None:
         yield from options.plans
         return
     if options.minutes is not None:
         index = 0
         while options.workloads is None or index < options.workloads:
-            yield random_plan(index, options.seed, broker=broker)
+            yield random_plan(index, options.seed, broker=broker, nodes=nodes)
             index += 1
         return
-    cells = quick_matrix(broker=broker) if options.quick else matrix(broker=broker)
+    cells = quick_matrix(broker=broker, nodes=nodes) if options.quick else matrix(broker=broker, nodes=nodes)
     plans = plan_cells(cells, options.seed)
     yield from plans[: options.workloads] if options.workloads is not None else plans
 
@@ -465,7 +465,7 @@ async def run_chaos(options: Options) -> ChaosResult:
             node.url if node is not None else broker_cluster.url_list if broker_cluster is not None else ""
         )
         deadline = started + options.minutes * 60 if options.minutes is not None else None
-        for plan in plans_for(options, broker=node is not None):
+        for plan in plans_for(options, broker=node is not None, nodes=broker_cluster is not None):
             if deadline is not None and time.monotonic() > deadline:
                 break
             workload = Workload(

@@ -191,8 +191,13 @@ def broker_restarts_at_every_step() -> list[Cell]:
     return [Cell(FaultKind.BROKER_RESTART, p) for p in (*SAVE_POINTS, *RESTORE_STEP_POINTS)]
 
 
-def matrix(*, broker: bool) -> list[Cell]:
-    """Every (fault kind, step) a full chaos matrix covers."""
+def node_stops(points: Sequence[str] = SAVE_POINTS) -> list[Cell]:
+    """A broker cluster's node stopped at each of ``points``: another's node, and the controller's."""
+    return [Cell(kind, p) for p in points for kind in (FaultKind.NODE_STOP, FaultKind.NODE_STOP_CONTROLLERS)]
+
+
+def matrix(*, broker: bool, nodes: bool = False) -> list[Cell]:
+    """Every (fault kind, step) a full chaos matrix covers (``nodes``: on a broker cluster)."""
     cells = [Cell(FaultKind.KILL_CONTROLLER, p) for p in SAVE_POINTS]
     cells += [Cell(FaultKind.KILL_CONTROLLER, p) for p in RESTORE_POINTS]
     cells += [Cell(FaultKind.KILL_CLUSTER, p) for p in SAVE_POINTS if p.startswith("after_")]
@@ -202,10 +207,10 @@ def matrix(*, broker: bool) -> list[Cell]:
         cells += [Cell(kind, BETWEEN), Cell(kind, "prepare"), Cell(kind, "commit")]
     # The state directory unwritable where the controller and the participants write to it.
     cells += [Cell(FaultKind.STATE_UNWRITABLE, p) for p in ("save_persist", "save_validate", "save_publish")]
-    return cells + (broker_restarts_at_every_step() if broker else [])
+    return cells + (broker_restarts_at_every_step() if broker else []) + (node_stops() if nodes else [])
 
 
-def quick_matrix(*, broker: bool) -> list[Cell]:
+def quick_matrix(*, broker: bool, nodes: bool = False) -> list[Cell]:
     """A short matrix for CI: every fault kind once or twice, at the steps that matter most."""
     cells = [
         Cell(FaultKind.KILL_CONTROLLER, "after_prepare"),
@@ -221,6 +226,11 @@ def quick_matrix(*, broker: bool) -> list[Cell]:
     if broker:
         cells += [Cell(FaultKind.BROKER_RESTART, BETWEEN), Cell(FaultKind.BROKER_KILL, BETWEEN)]
         cells += broker_restarts_at_every_step()
+    if nodes:
+        cells += [
+            Cell(FaultKind.NODE_STOP, "save_commit"),
+            Cell(FaultKind.NODE_STOP_CONTROLLERS, "save_prepare"),
+        ]
     return cells
 
 
@@ -336,11 +346,13 @@ def _add(plan: WorkloadPlan, cell: Cell, rng: random.Random) -> None:
         plan.timed.append(TimedFault(cell.kind, target, round(rng.uniform(1.0, 5.0), 2), at_step, hold))
 
 
-def random_plan(index: int, seed: int, *, broker: bool) -> WorkloadPlan:
+def random_plan(index: int, seed: int, *, broker: bool, nodes: bool = False) -> WorkloadPlan:
     """One workload of a long run: one to three faults drawn from the full matrix, and now and then a
     death during the restore that follows a controller kill."""
     rng = random.Random(seed * 1000 + index)
-    cells = [c for c in matrix(broker=broker) if c.step not in (*RESTORE_POINTS, *RESTORE_STEP_POINTS)]
+    cells = [
+        c for c in matrix(broker=broker, nodes=nodes) if c.step not in (*RESTORE_POINTS, *RESTORE_STEP_POINTS)
+    ]
     wanted = rng.randint(1, 3)
     chosen: list[Cell] = []
     for cell in rng.sample(cells, len(cells)):

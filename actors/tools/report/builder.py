@@ -161,6 +161,9 @@ class TimelineBuilder:
         attempt = self.attempt(record)
         if attempt is None:
             return
+        if attempt.ended is not None:  # started again (after a restore): what it did before is superseded
+            attempt.superseded.extend(attempt.turns)
+            attempt.turns, attempt.ended, attempt.outcome = [], None, "running"
         attempt.started, attempt.agent = ts, actor
         kept = record.get("kept_turns")
         attempt.kept_turns = kept if isinstance(kept, int) else 0

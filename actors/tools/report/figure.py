@@ -196,7 +196,7 @@ def _attempt(canvas: _Canvas, rollout: Rollout, attempt: Attempt, y: int, drawn:
     if begin is not None and attempt.ended is not None:
         drawn.lives.append([(begin - t0, y), (attempt.ended - t0, y)])
         drawn.life_colors.append(color)
-    for turn in attempt.turns:
+    for turn in (*attempt.superseded, *attempt.turns):
         if turn.replayed or turn.end is None:
             continue  # a kept turn took no time: the marker at the attempt's start says how many
         drawn.any_cut |= turn.cut

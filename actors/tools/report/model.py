@@ -39,6 +39,9 @@ class Attempt:
     continue_from: int | None = None
     sealed: bool = False
     turns: list[Turn] = field(default_factory=list)
+    # Turns of an earlier life of this same attempt, ended by a crash: a restore that found the attempt
+    # dispatched but holding no turn of it starts it again under its number, from its first turn.
+    superseded: list[Turn] = field(default_factory=list)
 
     def open_turn(self) -> Turn | None:
         return self.turns[-1] if self.turns and self.turns[-1].end is None else None
@@ -157,7 +160,7 @@ class Timeline:
 
     def summary(self) -> dict[str, Any]:
         attempts = self.attempts()
-        turns = [t for a in attempts for t in a.turns]
+        turns = [t for a in attempts for t in (*a.superseded, *a.turns)]
         pauses = [p.ms for p in self.pauses if p.ms is not None and p.outcome != "cut"]  # the gate reopened
         return {
             "run": self.run,

@@ -8,6 +8,7 @@ import msgspec
 from parkway.actors.chaos.schedule import (
     BETWEEN,
     BROKER_OUTAGE_S,
+    NODE_KINDS,
     OUTAGES_PER_WORKLOAD,
     RESTORE_POINTS,
     RESTORE_STEP_POINTS,
@@ -48,12 +49,15 @@ def test_the_full_matrix_covers_every_step_of_save_and_restore_for_controller_ki
     assert {t.split("/")[0] for t in killed if t} == {"tq", "policy", "resources", "agent"}
     assert {(FaultKind.KILL_CONTROLLER, p) for p in SAVE_POINTS + RESTORE_POINTS} <= cells
     assert len(SAVE_POINTS) == 24  # 12 save steps, at the start and at the end of each
-    assert all(kind in {c.kind for c in matrix(broker=True)} for kind in FaultKind)
+    assert all(kind in {c.kind for c in matrix(broker=True, nodes=True)} for kind in FaultKind)
     assert not {c.kind for c in matrix(broker=False)} & {FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL}
+    assert not {c.kind for c in matrix(broker=True)} & NODE_KINDS  # node stops only on a cluster
+    stopped = {(c.kind, c.step) for c in matrix(broker=False, nodes=True) if c.kind in NODE_KINDS}
+    assert stopped == {(kind, p) for kind in NODE_KINDS for p in SAVE_POINTS}
 
 
 def test_planning_places_every_cell_once_and_is_repeatable() -> None:
-    for cells in (matrix(broker=True), quick_matrix(broker=True)):
+    for cells in (matrix(broker=True), quick_matrix(broker=True), quick_matrix(broker=False, nodes=True)):
         plans = plan_cells(cells, seed=5)
         wanted = Counter((c.kind.value, c.step) for c in cells)
         placed = Counter(cells_of(plans))

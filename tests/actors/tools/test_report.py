@@ -33,7 +33,7 @@ RUN = "rpt"
 CONFIG = {
     "run": RUN,
     "seed": 3,
-    "policy": {"host": "inline", "per_token_delay_s": 0.0003},
+    "policy": {"host": "inline", "per_token_delay_s": 0.002},  # turns long enough that the crash cuts some
     "tasks": {"builtin": "bank", "limit": 3},
     "rollout": {"group_size": 3, "max_turns": 6},
     "recovery": {"target_level": "turn"},
@@ -125,11 +125,11 @@ def test_the_timeline_holds_every_rollout_and_turn(crashed_run) -> None:
     # restore began. (Rollouts run on while a snapshot is written, so a turn may start in the instant
     # between the controller's run_aborted line and the embedded cluster's teardown: it is cut too.)
     for attempt in timeline.attempts():
-        for turn in attempt.turns:
+        for turn in (*attempt.superseded, *attempt.turns):
             assert turn.end is not None and turn.start <= turn.end
             if turn.cut and attempt.outcome != "failed":
                 assert turn.start <= restore.start
-    assert any(t.cut for a in timeline.attempts() for t in a.turns)
+    assert any(t.cut for a in timeline.attempts() for t in (*a.superseded, *a.turns))
     assert timeline.lines.malformed == 0 and timeline.lines.other_runs == 0
     s = timeline.summary()
     assert s["rollouts"] == s["rollouts_sealed"] == 9 and s["crashes"] == 1 and s["restores"] == 1
@@ -285,3 +285,27 @@ def test_reward_and_loss_per_train_step(crashed_run, tmp_path: Path) -> None:
     assert with_loss.summary()["train_steps"] == len(timeline.training)
     png, _ = report.write_report(with_loss, tmp_path / "out")
     assert png.read_bytes().startswith(PNG_MAGIC)  # the figure with its training panel
+
+
+def test_an_attempt_started_again_after_a_restore_counts_only_its_new_life() -> None:
+    # A restore that finds an attempt dispatched but holding none of its turns starts it again under
+    # the same number: the turn its first life was cut in is superseded, not one of its turns.
+    def line(second: int, event: str, actor: str = "agent/0", **fields: object) -> str:
+        ts = datetime(2026, 1, 1, 0, 0, second).isoformat() + "Z"
+        return json.dumps({"ts": ts, "event": event, "run": RUN, "actor": actor, **fields})
+
+    ids = {"rollout_id": "t0000_g0", "group_id": "t0000", "attempt": 1}
+    lines = [
+        line(0, "actor_started"),
+        line(1, "rollout_started", **ids),
+        line(2, "turn_started", turn=0, **ids),
+        line(3, "actor_started"),  # the agent's process died inside turn 0 and came back
+        line(4, "rollout_started", **ids),
+        *(line(5 + turn, "turn_started", turn=turn, **ids) for turn in range(2)),
+        line(7, "turn_finished", turn=1, **ids),
+        line(8, "rollout_completed", **ids),
+    ]
+    attempt = report.build_timeline(lines, RUN).rollouts["t0000_g0"].attempts[1]
+    assert [t.index for t in attempt.turns] == [0, 1] and not any(t.cut for t in attempt.turns)
+    assert [(t.index, t.cut) for t in attempt.superseded] == [(0, True)]
+    assert attempt.outcome == "completed"
