@@ -183,7 +183,7 @@ async def delete_run(config: RunConfig) -> None:
     # The controller's process declares its own queues and, hosted inline, the trainer's.
     addresses = sorted({f"{role}/{i}" for role, i in roles(config)} | {"controller/0", "trainer/0"})
     try:
-        from parkway.brokers.rabbitmq import run_exchanges, run_queues
+        from parkway.brokers.rabbitmq_layout import run_exchanges, run_queues
 
         queues, exchanges = run_queues(config.run, addresses), run_exchanges(config.run)
     except ImportError:  # a build before the control lanes (snapshot_pause --baseline): one queue each

@@ -30,7 +30,8 @@ import common
 from parkway.actors.launch import processes as launch
 from parkway.actors.runtime.client import Client
 from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope
-from parkway.brokers.rabbitmq import RabbitBroker, run_exchanges, run_queues
+from parkway.brokers.rabbitmq import RabbitBroker
+from parkway.brokers.rabbitmq_layout import run_exchanges, run_queues
 from parkway.protocol.messages import Probe, Status
 
 SECRET = "bench-secret"

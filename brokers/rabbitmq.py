@@ -27,7 +27,8 @@ The log stream is a stream either way (streams replicate by themselves).
 
 Several nodes: ``url`` may list several, comma-separated (``PARKWAY_BROKER_URL``). The connection is
 made to the first that answers, in order; when it is lost, aio-pika reconnects, and while it stays down
-each attempt after the first goes to the next node of the list (``_fail_over``).
+each attempt after the first goes to the next node of the list (``rabbitmq_nodes.py``). Names
+and queue kinds: ``rabbitmq_layout.py``.
 
 Requests use direct reply-to on one channel; each consumer (one per lane an actor consumes) gets a
 channel of its own, so cancelling one closes its channel and RabbitMQ requeues exactly its unsettled
@@ -58,8 +59,8 @@ import collections
 import contextlib
 import datetime
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -90,8 +91,15 @@ from parkway.brokers.base import (
     as_dead_letter,
     dead_letter_headers,
 )
-from parkway.brokers.urls import redact_url
-from yarl import URL
+from parkway.brokers.rabbitmq_layout import (
+    LOG_STREAM_MAX_BYTES,
+    QueueKind,
+    exchange_name,
+    queue_name,
+    run_prefix,
+    split_urls,
+)
+from parkway.brokers.rabbitmq_nodes import NodeFailover, connect_first
 
 log = structlog.get_logger("parkway.broker")
 
@@ -109,87 +117,7 @@ _TRANSPORT_ERRORS = (
     aio_pika.exceptions.ChannelInvalidStateError,
     ConnectionError,
 )
-LOG_STREAM_MAX_BYTES = 256 * 1024 * 1024
-QUEUE_TYPE_ENV = "PARKWAY_QUEUE_TYPE"
-DELIVERY_LIMIT_ENV = "PARKWAY_DELIVERY_LIMIT"
-QUEUE_TYPES = ("classic", "quorum")
-DEFAULT_DELIVERY_LIMIT = 20  # redeliveries of one message before a quorum queue dead-letters it
-FAILOVER_AFTER_S = 1.0  # down this long on one node: the next attempt goes to the next node
 REPLIES_READY_TIMEOUT_S = 30.0  # how long a request waits for a reopened channel's reply consumer
-# The part of a queue's name that says its lane: ``pk.R.q.<address>`` (data, the name it always had)
-# and ``pk.R.c.<address>`` (control).
-LANE_QUEUE_INFIX = {Lane.DATA: "q", Lane.CONTROL: "c"}
-
-
-def run_prefix(run: str) -> str:
-    """What every name of run ``run`` on the broker starts with."""
-    return f"pk.{run}"
-
-
-def queue_name(run: str, address: str, lane: Lane = Lane.DATA) -> str:
-    """The queue of ``address``'s ``lane`` in run ``run``."""
-    return f"{run_prefix(run)}.{LANE_QUEUE_INFIX[lane]}.{address}"
-
-
-def exchange_name(run: str, lane: Lane = Lane.DATA) -> str:
-    """The direct exchange that routes ``lane``'s messages to their address's queue."""
-    return run_prefix(run) if lane is Lane.DATA else f"{run_prefix(run)}.control"
-
-
-def run_queues(run: str, addresses: Iterable[str]) -> list[str]:
-    """Every queue run ``run`` declares for ``addresses``: both lanes of each, the dead letters, the
-    log stream. What a clean-up deletes (a queue is durable: it outlives every process)."""
-    lanes = [queue_name(run, address, lane) for address in addresses for lane in Lane]
-    return [*lanes, f"{run_prefix(run)}.dead", f"{run_prefix(run)}.logs"]
-
-
-def run_exchanges(run: str) -> list[str]:
-    """Every exchange run ``run`` declares: each lane's, the dead letters', the logs'."""
-    return [*(exchange_name(run, lane) for lane in Lane), f"{run_prefix(run)}.dlx", f"{run_prefix(run)}.logs"]
-
-
-def split_urls(url: str) -> list[str]:
-    """The nodes' URLs of a (comma-separated) broker URL, in order."""
-    urls = [part.strip() for part in url.split(",") if part.strip()]
-    if not urls:
-        raise BrokerError("no broker URL given")
-    return urls
-
-
-@dataclass(frozen=True, slots=True)
-class QueueKind:
-    """What kind of queue an actor's command queues and the dead-letter queue are."""
-
-    type: str = "classic"
-    delivery_limit: int = DEFAULT_DELIVERY_LIMIT
-
-    def __post_init__(self) -> None:
-        if self.type not in QUEUE_TYPES:
-            raise BrokerError(f"{QUEUE_TYPE_ENV}={self.type!r}: want one of {', '.join(QUEUE_TYPES)}")
-        if self.delivery_limit < 1:
-            raise BrokerError(f"{DELIVERY_LIMIT_ENV}={self.delivery_limit}: want 1 or more")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> QueueKind:
-        env = os.environ if environ is None else environ
-        kind = env.get(QUEUE_TYPE_ENV, "").strip() or "classic"
-        limit = env.get(DELIVERY_LIMIT_ENV, "").strip()
-        try:
-            delivery_limit = int(limit) if limit else DEFAULT_DELIVERY_LIMIT
-        except ValueError:
-            raise BrokerError(f"{DELIVERY_LIMIT_ENV}={limit!r}: want a whole number") from None
-        return cls(type=kind, delivery_limit=delivery_limit)
-
-    def command_queue_arguments(self, dead_letter_exchange: str) -> dict[str, FieldValue]:
-        arguments: dict[str, FieldValue] = {"x-dead-letter-exchange": dead_letter_exchange}
-        if self.type == "quorum":
-            arguments |= {
-                "x-queue-type": "quorum",
-                "x-delivery-limit": self.delivery_limit,
-                "x-dead-letter-strategy": "at-least-once",
-                "x-overflow": "reject-publish",  # what at-least-once dead-lettering requires
-            }
-        return arguments
 
 
 def _remember(addresses: collections.OrderedDict[str, None], address: str) -> None:
@@ -270,10 +198,8 @@ class RabbitBroker(Broker):
     ) -> None:
         super().__init__(run, dead_letter_bounds=dead_letter_bounds)
         self.urls = split_urls(url)
-        self.url = self.urls[0]  # the node connected to (or tried last)
         self.queue_kind = queue_kind or QueueKind.from_env()
-        self.failovers = 0  # times a lost connection was tried on another node
-        self._failover_task: asyncio.Task[None] | None = None
+        self._failover: NodeFailover | None = None
         self.connection_name = connection_name or f"parkway-{run}-{os.getpid()}"
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -292,6 +218,16 @@ class RabbitBroker(Broker):
         self._reply_exclusive = asyncio.Lock()
         self._replies_publishing = 0
         self._replies_idle = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        """The node connected to (or tried next)."""
+        return self._failover.url if self._failover is not None else self.urls[0]
+
+    @property
+    def failovers(self) -> int:
+        """Times a lost connection was tried on another node."""
+        return self._failover.failovers if self._failover is not None else 0
 
     # -- names ---------------------------------------------------------------------------------
     @property
@@ -317,23 +253,9 @@ class RabbitBroker(Broker):
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        problems = []
-        for url in self.urls:  # the first node that answers
-            try:
-                self._connection = await aio_pika.connect_robust(
-                    url, reconnect_interval=0.5, client_properties={"connection_name": self.connection_name}
-                )
-            except (OSError, aiormq.exceptions.AMQPError) as exc:
-                problems.append(f"{redact_url(url)}: {exc}")
-                continue
-            self.url = url
-            break
-        else:
-            raise BrokerError(f"cannot connect to {'; '.join(problems)}")
-        assert self._connection is not None
+        self._connection, url = await connect_first(self.urls, self.connection_name)
         self._connection.reconnect_callbacks.add(self._on_reconnect)
-        if len(self.urls) > 1:
-            self._failover_task = asyncio.create_task(self._fail_over(self._connection))
+        self._failover = NodeFailover(self._connection, self.urls, url)
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._channel = channel
         for lane in Lane:
@@ -401,21 +323,9 @@ class RabbitBroker(Broker):
     def _on_reconnect(self, *_: Any) -> None:
         self.reconnects += 1
 
-    async def _fail_over(self, connection: AbstractRobustConnection) -> None:
-        """While the connection stays down, point its next attempt at the next node, every
-        ``FAILOVER_AFTER_S``: aio-pika's own reconnection tries ``connection.url`` again and again."""
-        while not connection.is_closed:
-            await asyncio.sleep(FAILOVER_AFTER_S)
-            if connection.connected.is_set():
-                continue
-            self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
-            connection.url = URL(self.url)  # type: ignore[attr-defined]  # read by each attempt
-            self.failovers += 1
-            log.warning("broker_failover", node=redact_url(self.url))
-
     async def close(self) -> None:
-        if self._failover_task is not None:
-            self._failover_task.cancel()
+        if self._failover is not None:
+            self._failover.stop()
         for consumer in list(self._consumers):
             await consumer.cancel()
         self._consumers.clear()

@@ -138,3 +138,29 @@ def test_traces_are_behind_the_observability_profile(services: dict[str, dict]) 
     assert {svc["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] for svc in actors.values()} == {
         "http://jaeger:4318"
     }
+
+
+@pytest.mark.slow  # runs the Compose binary
+def test_the_cluster_profile_adds_two_nodes_and_the_actors_fail_over_along_them() -> None:
+    urls = ",".join(f"amqp://u:p@{host}:5672/" for host in ("rabbitmq", "rabbitmq-2", "rabbitmq-3"))
+    env = {**example_env(), "PARKWAY_BROKER_URLS": urls, "PARKWAY_QUEUE_TYPE": "quorum"}
+    result = compose("--profile", "cluster", "config", "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    nodes = {name: svc for name, svc in services.items() if name.startswith("rabbitmq")}
+    assert sorted(nodes) == ["rabbitmq", "rabbitmq-2", "rabbitmq-3"]
+    assert len({svc["environment"]["RABBITMQ_ERLANG_COOKIE"] for svc in nodes.values()}) == 1
+    for name in ("rabbitmq-2", "rabbitmq-3"):
+        assert nodes[name]["hostname"] == name and "rabbitmq" in nodes[name]["depends_on"]
+        [conf] = [v for v in nodes[name]["volumes"] if v["target"].startswith("/etc/rabbitmq")]
+        assert Path(conf["source"]).read_text().count("classic_config.nodes.") == 3
+    for name, svc in services.items():
+        if not name.startswith("rabbitmq") and name not in ("prometheus", "jaeger"):
+            assert svc["environment"]["PARKWAY_BROKER_URL"] == urls, name
+            assert svc["environment"]["PARKWAY_QUEUE_TYPE"] == "quorum", name
+    # Without the profile, one node, the single URL, classic queues.
+    plain = compose("config", "--format", "json", env=example_env())
+    single = json.loads(plain.stdout)["services"]
+    assert [name for name in single if name.startswith("rabbitmq")] == ["rabbitmq"]
+    assert single["tq"]["environment"]["PARKWAY_BROKER_URL"].endswith("@rabbitmq:5672/")
+    assert single["tq"]["environment"]["PARKWAY_QUEUE_TYPE"] == "classic"

@@ -276,7 +276,7 @@ def delete_run(run: str) -> None:
     """Remove a run's queues and exchanges from the local RabbitMQ (names as ``brokers/rabbitmq.py``
     declares them: ``run_queues``, both lanes of each address, and ``run_exchanges``)."""
     import pika
-    from parkway.brokers.rabbitmq import run_exchanges, run_queues
+    from parkway.brokers.rabbitmq_layout import run_exchanges, run_queues
 
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     try:

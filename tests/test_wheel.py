@@ -282,7 +282,7 @@ def test_an_actor_runs_from_the_wheel(installed: tuple[Path, Path]) -> None:
 def delete_run(run: str) -> None:
     """Remove what the actor declared on RabbitMQ (names as ``brokers/rabbitmq.py`` makes them)."""
     import pika
-    from parkway.brokers.rabbitmq import run_exchanges, run_queues
+    from parkway.brokers.rabbitmq_layout import run_exchanges, run_queues
 
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     try:

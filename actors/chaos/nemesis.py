@@ -52,7 +52,7 @@ from parkway.actors.launch.rabbit_node import BrokerNodeError, RabbitNode
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History, history_dir, read_file
 from parkway.brokers.base import BrokerError
-from parkway.brokers.rabbitmq import QUEUE_TYPE_ENV
+from parkway.brokers.rabbitmq_layout import QUEUE_TYPE_ENV
 from parkway.protocol.history import FaultInjected, Record, SnapshotStep, UnplannedExit
 from parkway.protocol.layout import SNAPSHOTS_DIR
 from parkway.protocol.messages import Status, StatusReport
@@ -207,7 +207,8 @@ class Workload:
 
     # -- the run -----------------------------------------------------------------------------------
     async def go(self) -> WorkloadResult:
-        from parkway.brokers.rabbitmq import QueueKind, RabbitBroker
+        from parkway.brokers.rabbitmq import RabbitBroker
+        from parkway.brokers.rabbitmq_layout import QueueKind
 
         self.started = time.monotonic()
         deadline = self.started + self.options.workload_timeout_s
@@ -418,7 +419,7 @@ class Workload:
 async def delete_run(url: str, run: str) -> None:
     """Remove one workload's queues (both lanes of each actor's) and exchanges from a shared broker."""
     import aio_pika
-    from parkway.brokers.rabbitmq import run_exchanges, run_queues
+    from parkway.brokers.rabbitmq_layout import run_exchanges, run_queues
 
     with contextlib.suppress(Exception):
         connection = await aio_pika.connect(url)

@@ -16,7 +16,8 @@ import pytest
 from parkway.actors.launch.rabbit_cluster import RabbitCluster
 from parkway.actors.launch.rabbit_node import rabbitmq_bin
 from parkway.brokers.base import REQUEST_ID_HEADER, Delivery, Envelope
-from parkway.brokers.rabbitmq import QueueKind, RabbitBroker
+from parkway.brokers.rabbitmq import RabbitBroker
+from parkway.brokers.rabbitmq_layout import QueueKind
 
 from tests.support.waiting import until
 

@@ -24,7 +24,7 @@ def rabbitmq_reachable() -> bool:
 async def delete_run(url: str, run: str, addresses: list[str]) -> None:
     """Remove a test run's queues (both lanes of each address) and exchanges from RabbitMQ."""
     import aio_pika
-    from parkway.brokers.rabbitmq import run_exchanges, run_queues
+    from parkway.brokers.rabbitmq_layout import run_exchanges, run_queues
 
     connection = await aio_pika.connect(url)
     async with connection:
