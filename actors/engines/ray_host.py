@@ -16,6 +16,8 @@ from typing import Any
 import anyio
 import structlog
 from parkway.actors.engines.base import Engine, GenerationRequest, GenerationResult, Progress
+from parkway.actors.engines.ray_placement import RayPlacement
+from parkway.actors.engines.ray_placement import remove as remove_placement_group
 
 log = structlog.get_logger("parkway.engines")
 
@@ -79,6 +81,12 @@ class EngineActor:
     async def shutdown(self) -> None:
         await self.engine.stop()
 
+    async def node(self) -> str:
+        """The id of the Ray node this replica runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
 
 _remote_class: Any = None
 
@@ -104,6 +112,7 @@ class EnginePool:
         replicas: int = 1,
         ray_num_cpus: int | None = None,
         actor_options: dict[str, Any] | None = None,
+        placement: RayPlacement | None = None,
     ) -> None:
         if host not in HOSTS:
             raise ValueError(f"engine host {host!r} is not one of {HOSTS}")
@@ -113,8 +122,9 @@ class EnginePool:
         self.host = host
         self.replicas = replicas
         self.ray_num_cpus = ray_num_cpus
-        # A deterministic replica needs no CPU reservation; a vLLM one would ask for num_gpus here.
-        self.actor_options = {"num_cpus": 0, **(actor_options or {})}
+        self.placement = placement or RayPlacement()
+        self.actor_options = dict(actor_options or {})  # over what the placement asks for
+        self._groups: list[Any] = []  # host "ray": each replica's placement group, if it needs one
         self._engine: Engine | None = None  # host "inline"
         self._actors: list[Any] = []  # host "ray"
         self._next = itertools.count()
@@ -136,17 +146,24 @@ class EnginePool:
 
             global _ray_users, _ray_started_here
             if not ray.is_initialized():
-                ray.init(
-                    num_cpus=self.ray_num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    ignore_reinit_error=True,
-                )
+                if self.placement.address:  # join that cluster; stopping only disconnects from it
+                    ray.init(address=self.placement.address, log_to_driver=False, ignore_reinit_error=True)
+                else:
+                    ray.init(
+                        num_cpus=self.ray_num_cpus,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        ignore_reinit_error=True,
+                    )
                 _ray_started_here = True
             _ray_users += 1
             self._uses_ray = True
-            cls = remote_engine_actor().options(**self.actor_options)
-            self._actors = [cls.remote(self.spec) for _ in range(self.replicas)]
+            tensor_parallel = int(self.spec.kwargs.get("tensor_parallel_size", 1))
+            for _ in range(self.replicas):
+                options, group = self.placement.place(tensor_parallel)
+                self._groups.append(group)
+                cls = remote_engine_actor().options(**{**options, **self.actor_options})
+                self._actors.append(cls.remote(self.spec))
             try:
                 for actor in self._actors:  # fail here, not on the first request, if a replica cannot start
                     await actor.ready.remote()
@@ -154,7 +171,8 @@ class EnginePool:
                 await self.stop()
                 raise
         self.started = True
-        log.info("engines_started", host=self.host, replicas=self.replicas, kind=self.spec.kind)
+        nodes = await self.nodes() if self._actors else []
+        log.info("engines_started", host=self.host, replicas=self.replicas, kind=self.spec.kind, nodes=nodes)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if not self.started:
@@ -179,6 +197,10 @@ class EnginePool:
         if index is None:
             return False
         return await self._actors[index].abort.remote(request_id)
+
+    async def nodes(self) -> list[str]:
+        """The Ray node of each replica (host "ray"); empty for an engine in this process."""
+        return [str(node) for node in await asyncio.gather(*(a.node.remote() for a in self._actors))]
 
     def in_flight(self) -> int:
         if self._engine is not None:
@@ -262,6 +284,10 @@ class EnginePool:
                     await actor.shutdown.remote()
                 ray.kill(actor)
             self._actors = []
+        for group in self._groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
+        self._groups = []
         self._where.clear()
         self._polled.clear()
         if self._uses_ray:

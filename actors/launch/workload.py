@@ -30,6 +30,7 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
         return {}
     if role == Role.POLICY:
         from parkway.actors.engines.ray_host import EngineSpec
+        from parkway.actors.engines.ray_placement import RayPlacement
 
         policy = config.policy
         if policy.engine == "vllm":
@@ -52,6 +53,12 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             "engine": EngineSpec(kind=policy.engine, kwargs=kwargs),
             "engine_host": policy.host,
             "engines": policy.engines,
+            "placement": RayPlacement(
+                address=policy.ray_address,
+                gpus_per_engine=policy.gpus_per_engine,
+                cpus_per_engine=policy.cpus_per_engine,
+                resources=dict(policy.engine_resources),
+            ),
             "keep_prefixes": config.recovery.target_level == "prefix",
             "progress_interval_s": policy.progress_interval_s,
             "prefetch": data_prefetch(config),

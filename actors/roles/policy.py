@@ -30,6 +30,7 @@ import msgspec
 import structlog
 from parkway.actors.engines.base import GenerationRequest
 from parkway.actors.engines.ray_host import EnginePool, EngineSpec
+from parkway.actors.engines.ray_placement import RayPlacement
 from parkway.actors.roles.generations import GENERATIONS_FILE, GenerationRecords
 from parkway.actors.roles.prefixes import DEFAULT_PROGRESS_INTERVAL_S, KeptPrefix, Prefixes
 from parkway.actors.runtime.participant import Cut, ParkReport, Participant
@@ -66,6 +67,7 @@ class Policy(Participant):
         engine: EngineSpec | None = None,
         engine_host: str = "ray",
         engines: int = 1,
+        placement: RayPlacement | None = None,
         tq_address: str = "tq/0",
         keep_prefixes: bool = False,
         progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S,
@@ -73,7 +75,7 @@ class Policy(Participant):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.engine_spec = engine or EngineSpec()
-        self.pool = EnginePool(self.engine_spec, host=engine_host, replicas=engines)
+        self.pool = EnginePool(self.engine_spec, host=engine_host, replicas=engines, placement=placement)
         self.tq_address = tq_address
         self.policy_version = 0  # set by the controller when weights change; stamped on every call
         self._stopping = asyncio.Event()

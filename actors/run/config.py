@@ -70,6 +70,12 @@ class PolicyConfig(_Section, frozen=True):
     # A file the engine appends one JSON line to per generation (tokens kept from a snapshot, tokens
     # generated, finish reason): its own account of its work, for crash tests and audits. None: off.
     engine_record: str | None = None
+    # host ray: an existing Ray cluster to run the engines on ("auto", "host:port", "ray://host:port");
+    # None starts a Ray of the policy's own. What each engine replica asks Ray for (engines/ray_placement.py).
+    ray_address: str | None = None
+    gpus_per_engine: float = 0.0
+    cpus_per_engine: float = 0.0
+    engine_resources: dict[str, float] = {}
 
 
 class ResourcesConfig(_Section, frozen=True):
@@ -275,6 +281,23 @@ def check(config: RunConfig) -> None:
         problems.append("rollout.stall_timeout_s: must be > 0")
     if config.trainer.resend_s <= 0:
         problems.append("trainer.resend_s: must be > 0")
+    policy = config.policy
+    if policy.host == "inline" and (
+        policy.ray_address or policy.gpus_per_engine or policy.cpus_per_engine or policy.engine_resources
+    ):
+        problems.append(
+            "policy.ray_address, policy.gpus_per_engine, policy.cpus_per_engine and policy.engine_resources: "
+            "only with policy.host: ray (an inline engine runs in the policy's own process)"
+        )
+    if (
+        policy.gpus_per_engine < 0
+        or policy.cpus_per_engine < 0
+        or any(amount <= 0 for amount in policy.engine_resources.values())
+    ):
+        problems.append(
+            "policy.gpus_per_engine and policy.cpus_per_engine: must be >= 0; policy.engine_resources: "
+            "every amount > 0"
+        )
     if config.policy.per_token_delay_s < 0:
         problems.append("policy.per_token_delay_s: must be >= 0")
     if config.policy.filler_words < 0:
