@@ -30,7 +30,7 @@ def broker_url_problem(url: str | None) -> str | None:
     a command connects, so a typo is one line, not a traceback from the transport factory."""
     if not url:
         return None
-    parts = [part.strip() for part in url.split(",")]
+    parts = [part.strip() for part in url.split(",") if part.strip()] or [""]
     if len(parts) > 1 and not all(part.startswith(("amqp://", "amqps://")) for part in parts):
         return (
             f"broker URL list {redact_url(url)!r}: several nodes are amqp:// URLs, comma-separated, "
