@@ -6,20 +6,29 @@ SIGKILL (a crash, the OOM killer, ``kill -9``) left ``VLLM::EngineCore`` and ``V
 orphans holding their memory (1.3 GB for the tiny CPU model; a GPU's memory on a GPU machine) until
 someone noticed (seen in the prefix crash test).
 
-``watch(pids)`` starts a small reaper process that holds the read end of a pipe whose write end only
-the engine's process holds. When that process ends, however it ends, the pipe reads end of file, and
-the reaper SIGKILLs the processes it was given that are still the same processes (pid and start time
+``Reaper`` starts a small reaper process that holds the read end of a pipe whose write end only the
+engine's process holds. When that process ends, however it ends, the pipe reads end of file, and the
+reaper SIGKILLs the processes it was given that are still the same processes (pid and start time
 match, so a reused pid is never hit). A graceful stop shuts the engine down first and then closes the
 pipe: the reaper finds nothing left and exits.
+
+Processes started while the engine starts up (before their pids can be known) are found by a mark:
+``guard`` puts a random token in this process's environment (``PARKWAY_REAPER_TOKEN``) before the
+engine starts, every process started from here on inherits it, and the reaper also kills every
+process whose environment carries that token. A policy killed in the middle of vLLM's start-up leaves
+nothing behind either.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+TOKEN_ENV = "PARKWAY_REAPER_TOKEN"
 
 
 def start_time(pid: int) -> int | None:
@@ -53,16 +62,25 @@ def descendants(pid: int) -> list[int]:
 class Reaper:
     """A reaper process for ``pids``: they are SIGKILLed when this process ends, unless ``close``d."""
 
-    def __init__(self, pids: list[int]) -> None:
+    def __init__(self, pids: list[int], *, token: str | None = None) -> None:
         marks = [f"{pid}:{start_time(pid)}" for pid in pids if start_time(pid) is not None]
         self.pids = [int(m.split(":")[0]) for m in marks]
+        self.token = token
         self._process: subprocess.Popen[bytes] | None = None
-        if marks:
+        if marks or token:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "parkway.actors.engines.reaper", *marks],
+                [
+                    sys.executable,
+                    "-m",
+                    "parkway.actors.engines.reaper",
+                    *(["--token", token] if token else []),
+                    *marks,
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
-                start_new_session=True,  # not in this process's group: a kill of the group spares it
+                # Not marked itself, and not in this process's group: a kill of the group spares it.
+                env={k: v for k, v in os.environ.items() if k != TOKEN_ENV},
+                start_new_session=True,
             )
 
     def close(self) -> None:
@@ -73,20 +91,52 @@ class Reaper:
             self._process = None
 
 
+def guard() -> Reaper:
+    """A reaper armed before an engine starts: every process started from this one after this call
+    carries a token in its environment and is killed with what it was given when this process ends."""
+    token = secrets.token_hex(12)
+    os.environ[TOKEN_ENV] = token
+    return Reaper([], token=token)
+
+
+def marked(token: str) -> list[int]:
+    """Every process whose environment carries ``token`` (``/proc/<pid>/environ``)."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def watch_new_children(before: set[int]) -> Reaper:
     """A reaper for the processes below this one that were not there ``before`` (``descendants``
     taken just before the engine started)."""
     return Reaper([pid for pid in descendants(os.getpid()) if pid not in before])
 
 
-def _reap(marks: list[str]) -> int:
-    """The reaper's own process: wait for end of file on stdin, then kill what is still the same."""
+def _reap(args: list[str]) -> int:
+    """The reaper's own process: wait for end of file on stdin, then kill what is still the same, and
+    every process marked with its token."""
+    token = args[1] if args[:1] == ["--token"] else None
+    marks = args[2:] if token else args
     try:
         while sys.stdin.buffer.read(4096):
             pass
     except OSError:
         pass
     killed = 0
+    for pid in marked(token) if token else ():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
     for mark in marks:
         pid, _, started = mark.partition(":")
         if start_time(int(pid)) == int(started):  # the very process, not a reused pid

@@ -26,7 +26,7 @@ from parkway.actors.engines.base import (
     finished_prefix,
     require_directory,
 )
-from parkway.actors.engines.reaper import Reaper, descendants, watch_new_children
+from parkway.actors.engines.reaper import Reaper, guard
 
 # Offline and deterministic: no hub, no usage reports, no compile step that changes start-up time.
 OFFLINE_ENV = {
@@ -87,10 +87,10 @@ class VllmEngine(Engine):
             # kills the engine core once prompts are split across steps). Whole prefills avoid it.
             options.setdefault("enable_chunked_prefill", False)
             options.setdefault("max_num_batched_tokens", max(8192, self.options["max_model_len"]))
-        before = set(descendants(os.getpid()))
+        # vLLM's engine processes die with this one, even SIGKILLed, even during its start-up: armed
+        # before it starts, the reaper knows them by a mark in their environment (``reaper.py``).
+        self._reaper = guard()
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **options))
-        # vLLM's engine processes die with this one, even SIGKILLed (``reaper.py``).
-        self._reaper = watch_new_children(before)
 
     async def stop(self) -> None:
         if self._llm is not None:

@@ -65,3 +65,36 @@ def test_a_closed_reaper_kills_only_what_is_left_and_never_a_reused_pid() -> Non
     finally:
         if survivor.poll() is None:
             survivor.kill()
+
+
+GUARDED = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from parkway.actors.engines.reaper import guard
+    reaper = guard()  # armed before the engine starts: nothing of it is known yet
+    # An engine still starting: a process that starts another (vLLM's core and its worker), neither
+    # of them ever handed to the reaper.
+    core = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
+                             "w = subprocess.Popen(['sleep', '300']); print(w.pid, flush=True); time.sleep(300)"],
+                            stdout=subprocess.PIPE, text=True)
+    print(core.pid, core.stdout.readline().strip(), flush=True)
+    time.sleep(300)
+    """
+)
+
+
+async def test_processes_started_after_the_guard_die_with_the_parent_even_unregistered() -> None:
+    bystander = subprocess.Popen(["sleep", "300"])  # not started by the guarded process: spared
+    parent = subprocess.Popen([sys.executable, "-c", GUARDED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        core, worker = (int(pid) for pid in parent.stdout.readline().split())
+        assert not gone(core) and not gone(worker)
+        os.kill(parent.pid, signal.SIGKILL)  # "during start-up": the reaper was given no pid
+        parent.wait(10)
+        await until(lambda: gone(core) and gone(worker), timeout=10)
+        assert not gone(bystander.pid)
+    finally:
+        for process in (parent, bystander):
+            if process.poll() is None:
+                process.kill()
