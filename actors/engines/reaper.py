@@ -131,9 +131,9 @@ def _reap(args: list[str]) -> int:
     except OSError:
         pass
     killed = 0
-    for pid in marked(token) if token else ():
+    for marked_pid in marked(token) if token else ():
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(marked_pid, signal.SIGKILL)
             killed += 1
         except ProcessLookupError:
             pass
