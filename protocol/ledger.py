@@ -286,9 +286,12 @@ class Ledger:
         return sibling.current
 
     # -- restore -----------------------------------------------------------------------------------
-    def restart_after_restore(self, rollout: str, *, continue_saved: bool) -> Attempt:
-        """A rollout that was running at the snapshot gets attempt N+1 on the same replica: continuing
-        its saved transcript (turn level) or from its prompt (sibling level). Attempt N is fenced."""
+    def restart_after_restore(
+        self, rollout: str, *, continue_saved: bool, replica: int | None = None
+    ) -> Attempt:
+        """A rollout that was running at the snapshot gets attempt N+1 on the same replica (or on
+        ``replica``, when the restore has another number of agents): continuing its saved transcript
+        (turn level) or from its prompt (sibling level). Attempt N is fenced."""
         sibling = self.sibling(rollout)
         saved = sibling.current
         if saved.state is not AttemptState.DISPATCHED:
@@ -298,12 +301,13 @@ class Ledger:
         saved.move(AttemptEvent.ABANDON)
         saved.move(AttemptEvent.RETIRE)  # nothing runs it any more: the cluster it ran in is gone
         attempt = self._new_attempt(sibling)
-        attempt.replica = saved.replica
+        attempt.replica = saved.replica if replica is None else replica
         attempt.continue_from = saved.index if continue_saved else None
         return attempt
 
-    def redo_group_after_restore(self, group_id: str) -> None:
-        """``prompt_group`` recovery: every sibling of the group starts over, sealed ones included."""
+    def redo_group_after_restore(self, group_id: str, *, agents: int | None = None) -> None:
+        """``prompt_group`` recovery: every sibling of the group starts over, sealed ones included, on
+        its replica (on any, when that replica is not among the live ``agents``)."""
         group = self.groups[group_id]
         for sibling in group.siblings:
             current = sibling.current
@@ -311,6 +315,8 @@ class Ledger:
                 current.move(AttemptEvent.ABANDON)
                 current.move(AttemptEvent.RETIRE)
                 replica = current.replica
+                if agents is not None and replica is not None and replica >= agents:
+                    replica = None  # the dispatcher places it
                 self._new_attempt(sibling).replica = replica
         # Not a failure: ``redos`` counts the group's failures against ``max_attempts``.
 

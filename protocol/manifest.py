@@ -53,6 +53,10 @@ class ManifestHead(msgspec.Struct, frozen=True, kw_only=True):
     # The snapshot's trace id (derived from its checkpoint id: protocol/tracecontext.py); older
     # manifests have none.
     trace_id: Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{32})?$")] = ""
+    # Replicas per participant role when it was taken ({"agent": 2, "resources": 2, ...}): a restore
+    # onto other numbers of agents and tool servers places their rollouts from it. Older manifests
+    # have none and restore only onto their own topology (``topology_fingerprint``).
+    replicas: dict[str, Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = {}
 
     def saved_episodes(self) -> set[tuple[str, int]]:
         return {(r, a) for r, a in self.episodes}

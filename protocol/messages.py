@@ -35,6 +35,7 @@ from parkway.protocol.snapshot_failures import SnapshotHealth
 from parkway.protocol.training import TrainedRollout, TrainGroup
 
 MAX_TOKEN_ID = ranges.MAX_TOKEN_ID  # numeric fields are typed with their ranges, checked at decode
+MAX_SOURCES = 4096  # saved replicas a Restore may name for one participant
 # The timeline a data message belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
 Epoch = ranges.Count
 
@@ -174,11 +175,20 @@ class Restore(SnapshotCommand, frozen=True, kw_only=True):
     # recovery.target_level prefix: the policy continues each restored rollout's model call from the
     # tokens the snapshot kept of it, instead of generating it again from the first token.
     keep_prefixes: bool = False
+    # The saved replicas of this participant's role whose records it reads (None: its own; empty:
+    # none). An agent or tool server given another's takes over the rollouts it is told to continue
+    # (``episodes``) when the live cluster has another topology than the snapshot's
+    # (protocol/placement.py).
+    sources: tuple[ranges.Count, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not SNAPSHOT_LOCATION.fullmatch(self.location):
             raise ValueError(f"location {self.location!r} is not a published snapshot (snapshot_<seq>)")
+        if self.sources is not None and (
+            len(set(self.sources)) != len(self.sources) or len(self.sources) > MAX_SOURCES
+        ):
+            raise ValueError(f"sources {self.sources!r}: at most {MAX_SOURCES}, each once")
 
 
 class Retire(ControlCommand, frozen=True, kw_only=True):

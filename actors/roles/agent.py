@@ -45,6 +45,7 @@ from parkway.protocol.history import (
     SnapshotInstalled,
 )
 from parkway.protocol.ids import Role, capture_key
+from parkway.protocol.layout import AGENT_ROLLOUTS
 from parkway.protocol.messages import (
     Ack,
     AttemptRef,
@@ -67,6 +68,7 @@ log = structlog.get_logger("parkway.agent")
 
 class Agent(Participant):
     role = Role.AGENT
+    takes_over_replicas = True  # rollouts are saved one by one: any agent can continue one
     prefetch = 256
 
     def __init__(
@@ -313,7 +315,7 @@ class Agent(Participant):
     def _cut_of(self, saved: dict[AttemptKey, SavedRollout]) -> Cut:
         def write(directory: Path) -> tuple[FileDigest, ...]:
             ordered = [saved[key] for key in sorted(saved)]
-            return (self.write_records(directory / "rollouts.msgpack", ordered),)
+            return (self.write_records(directory / AGENT_ROLLOUTS, ordered),)
 
         episodes = tuple(
             EpisodeRef(rollout_id=r, attempt=a, replica=self.replica, tools=len(rollout.tools))
@@ -343,8 +345,15 @@ class Agent(Participant):
         return tuple(EpisodeRef(rollout_id=r, attempt=a, replica=self.replica) for r, a in sorted(self.live))
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
-        # Read first: a snapshot that cannot be read changes nothing here.
-        saved = msgspec.msgpack.decode((directory / "rollouts.msgpack").read_bytes(), type=list[SavedRollout])
+        # Read first: a snapshot that cannot be read changes nothing here. The rollouts may come from
+        # other agents' directories (a restore onto another number of agents: ``sources``).
+        saved = [
+            item
+            for source in self.source_dirs(directory, command)
+            for item in msgspec.msgpack.decode(
+                (source / AGENT_ROLLOUTS).read_bytes(), type=list[SavedRollout]
+            )
+        ]
         # A restored agent runs nothing from before: work it picked up from the dead cluster's queues
         # is stopped, and anything older than this controller incarnation is refused from now on.
         self.epoch = max(self.epoch, command.epoch)

@@ -36,7 +36,7 @@ import msgspec
 import structlog
 from parkway.actors.roles import long_calls, session_cuts
 from parkway.actors.roles.long_calls import SavedBefore
-from parkway.actors.roles.session_cuts import SavedSession, keep_round_copy
+from parkway.actors.roles.session_cuts import keep_round_copy
 from parkway.actors.runtime.forgetting import AttemptKey
 from parkway.actors.runtime.participant import Cut, ParkReport, Participant, write_records
 from parkway.actors.sdk.environments import CallAnswer, CallKey, Environment, Record, ToolError
@@ -102,6 +102,7 @@ class Session:
 
 class Resources(Participant):
     role = Role.RESOURCES
+    takes_over_replicas = True  # sessions are saved per rollout: any server can reopen a portable one
     # Tool calls of every rollout of its replicas run concurrently; a low prefetch would queue them here,
     # and a queued call counts as in flight for a checkpoint (prepare waits for it).
     prefetch = 1024
@@ -436,14 +437,17 @@ class Resources(Participant):
         def write(directory: Path) -> tuple[FileDigest, ...]:
             raw = [msgspec.Raw(item) for item in encoded]
             return (
-                write_records(directory / "sessions.msgpack", raw, faults=self.faults, qualifier=self.role),
+                write_records(
+                    directory / session_cuts.SESSIONS, raw, faults=self.faults, qualifier=self.role
+                ),
             )
 
         return Cut(write=write)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
-        """Reopen each saved session under its continuing attempt (the one in the restore's scope)."""
-        saved = msgspec.msgpack.decode((directory / "sessions.msgpack").read_bytes(), type=list[SavedSession])
+        """Reopen each saved session under its continuing attempt (the one in the restore's scope),
+        from this server's directory or, onto another topology, from those of ``sources``."""
+        saved = session_cuts.read_saved(self, directory, command)
         continuing = {e.rollout_id: e.attempt for e in command.episodes}
         restored = []
         for session in self.sessions.values():

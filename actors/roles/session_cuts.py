@@ -11,6 +11,7 @@ under its continuing attempt (``reopen``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -18,10 +19,13 @@ from parkway.actors.roles.long_calls import SavedBefore
 from parkway.actors.sdk.environments import Environment
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import SessionRestored
-from parkway.protocol.messages import EpisodeRef
+from parkway.protocol.messages import EpisodeRef, Restore
 
 if TYPE_CHECKING:
     from parkway.actors.roles.resources import Resources, Session
+
+
+SESSIONS = "sessions.msgpack"  # a tool server's saved sessions, in its participant directory
 
 
 class SavedSession(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +122,28 @@ def encoded_at(resources: Resources, rollout_id: str, session: Session, tools: i
     )
     session.encoded = (key, item)
     return item
+
+
+def read_saved(resources: Resources, directory: Path, command: Restore) -> list[SavedSession]:
+    """The sessions a restore reopens here, read before anything changes: from this server's
+    ``directory``, or from the saved servers' named in ``sources`` (another topology), each session
+    taken over from another server checked to be able to move (``Environment.portable``)."""
+    saved = [
+        item
+        for source in resources.source_dirs(directory, command)
+        for item in msgspec.msgpack.decode((source / SESSIONS).read_bytes(), type=list[SavedSession])
+    ]
+    if command.sources is not None and set(command.sources) - {resources.replica}:
+        continued = {e.rollout_id for e in command.episodes}
+        for item in saved:
+            if item.rollout_id in continued and not resources.environment(item.env_name).portable:
+                raise ProtocolError(
+                    ErrorCode.INVALID_MESSAGE,
+                    f"{item.rollout_id}: a {item.env_name} session cannot move to another tool server "
+                    "(its saved state refers to files in the server that saved it): restore onto "
+                    "the snapshot's number of tool servers",
+                )
+    return saved
 
 
 def reopen(resources: Resources, item: SavedSession, attempt: int) -> Environment:

@@ -37,6 +37,7 @@ from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.forgetting import AttemptKey, Fence, forget_fence_size
 from parkway.actors.runtime.memory import trim_heap
+from parkway.actors.runtime.snapshot_dirs import check_sources, inside
 from parkway.protocol.cuts import CutTable
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import AttemptsFenced, PhaseChanged
@@ -114,6 +115,9 @@ class Participant(Actor):
     # controller need not wait for the one to send the other.
     parks_at_once: ClassVar[bool] = False
     idempotent: ClassVar[tuple[type[Message], ...]] = (Forget,)  # forgetting twice forgets the same
+    # A role whose saved records are per rollout (agents, tool servers) can restore another replica's
+    # (``Restore.sources``): the cluster may come back with another number of them.
+    takes_over_replicas: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -347,6 +351,7 @@ class Participant(Actor):
         # work (no staging row, no mutation). The controller fences the restored timeline's dead
         # attempts right after; replies to control commands stay (a resent command gets its answer).
         directory = self.participant_dir(command.location)
+        check_sources(command, role=self.role, replica=self.replica, takes_over=self.takes_over_replicas)
         try:
             rollouts = await self.install_snapshot(directory, command)
         except (
@@ -428,21 +433,19 @@ class Participant(Actor):
         """Where this participant's records go inside a snapshot directory."""
         return participant_parts(self.role, self.replica)
 
-    def participant_dir(self, location: str) -> Path:
-        """This participant's directory in snapshot ``location``; refused (``invalid_message``) when
-        a symlink planted anywhere on the way would lead it outside the run's snapshot directory.
-        (``location`` itself is one checked path component: see ``layout.LOCATION_PATTERN``.)"""
-        if self.snapshot_root is None:
-            raise ProtocolError(ErrorCode.UNAVAILABLE, f"{self.address} has no snapshot root configured")
-        run_dir = self.snapshot_root / self.run
-        directory = run_dir.joinpath(location, *self.snapshot_parts())
-        base, target = os.path.realpath(run_dir), os.path.realpath(directory)
-        if os.path.commonpath([base, target]) != base or target == base:
-            raise ProtocolError(
-                ErrorCode.INVALID_MESSAGE,
-                f"{directory} leads to {target}, outside the snapshot directory {base}: refused",
-            )
-        return directory
+    def source_dirs(self, directory: Path, command: Restore) -> list[Path]:
+        """What a restore reads: ``directory`` (its own) when ``command.sources`` is None, else the
+        named replicas' directories, whose rollouts this one takes over (none when it is empty)."""
+        sources = command.sources
+        return (
+            [directory] if sources is None else [self.participant_dir(command.location, r) for r in sources]
+        )
+
+    def participant_dir(self, location: str, replica: int | None = None) -> Path:
+        """This participant's directory in snapshot ``location`` (or that of ``replica`` of its
+        role), checked to stay inside the run's snapshot directory (``snapshot_dirs.inside``)."""
+        parts = self.snapshot_parts() if replica is None else participant_parts(self.role, replica)
+        return inside(self.snapshot_root, self.run, location, parts, self.address)
 
     def _apply(self, event: Event, checkpoint_id: str, deadline: float | None) -> Transition:
         transition = self.phases.apply(event, checkpoint_id, now=time.time(), deadline=deadline)

@@ -91,6 +91,10 @@ class Environment:
     # state lives in the process (a copy of a small dict); an environment whose export is costly or
     # reads an outside store says False, or True if its export is a cheap copy (docs/environments.md).
     round_copies: ClassVar[bool | None] = None
+    # Whether a saved session can be reopened by another tool server than the one that saved it (a
+    # restore onto another number of tool servers, docs/recovery.md#another-topology). False for an
+    # environment whose export refers to files in its own server's directory.
+    portable: ClassVar[bool] = True
 
     @classmethod
     def keeps_round_copy(cls) -> bool:

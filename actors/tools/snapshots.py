@@ -219,6 +219,7 @@ def summary(
         "run": snapshot.field("run"),
         "schema": snapshot.field("schema"),
         "topology_fingerprint": snapshot.field("topology_fingerprint"),
+        "replicas": snapshot.field("replicas"),
         "episodes": snapshot.field("episodes"),
         "restart_only": snapshot.field("restarts"),
         "participants": dict(sorted(participants.items())),
@@ -266,6 +267,7 @@ def show_text(data: dict[str, Any], now: float) -> str:
         ("trainer anchor", trainer),
         ("config fingerprint", _text(data["config_fingerprint"])),
         ("topology fingerprint", _text(data["topology_fingerprint"])),
+        ("replicas", _replicas(data.get("replicas"))),
         ("size", f"{human_size(data['size_bytes'])} in {data['files']} files"),
         ("restore", restore),
         ("verifies", verifies),
@@ -338,3 +340,10 @@ def _verify(args: argparse.Namespace) -> int:
             print(p.message)
     print(f"{len(results) - bad} of {len(results)} snapshot(s) verify" + (f"; {bad} do not" if bad else ""))
     return 1 if bad else 0
+
+
+def _replicas(replicas: object) -> str:
+    """``agent=2 policy=1 resources=2 tq=1``; an older manifest records none."""
+    if not isinstance(replicas, dict) or not replicas:
+        return "not recorded (an older snapshot: restores onto its own topology only)"
+    return " ".join(f"{role}={count}" for role, count in sorted(replicas.items()))

@@ -64,6 +64,7 @@ class Workspace(Environment):
     state_lives_in = "directory"
     async_tools = frozenset({"run"})
     boundary_before = frozenset({"run"})
+    portable = False  # a saved manifest names blobs in its own tool server's store
     template: ClassVar[str | None] = None  # None: $PARKWAY_WORKSPACE_TEMPLATE, else an empty workspace
     limits: ClassVar[Limits] = Limits()
     executor: ClassVar[Executor] = LocalExecutor()

@@ -13,8 +13,18 @@ from parkway.protocol.anchor import ControllerAnchor
 from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState, Granularity, Ledger
 from parkway.protocol.messages import AttemptRef, EpisodeRef
+from parkway.protocol.placement import Placement, Topology, place
 
 log = structlog.get_logger("parkway.controller")
+
+
+@dataclass(frozen=True)
+class SavedWork:
+    """What the snapshot a restore takes saved: the attempts its agents cut, and its agents and tool
+    servers (None: a snapshot older than that record, restored onto its own topology)."""
+
+    episodes: set[tuple[str, int]]
+    topology: Topology | None = None
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,21 @@ class Continuation:
     continued: tuple[EpisodeRef, ...]  # attempts N+1 that continue a saved transcript (the scope)
     fenced: tuple[AttemptRef, ...]  # attempts refused everywhere: dead ones, and the running N
     epoch: int  # this controller's epoch, stamped on the restore
+    # Which saved replica each restarted rollout comes from and where it runs now (None: nothing
+    # was running). Onto another topology, agents and tool servers read others' directories.
+    placement: Placement | None = None
+
+    def scope_of(self, role: Role, replica: int) -> tuple[tuple[EpisodeRef, ...], tuple[int, ...] | None]:
+        """What one agent or tool server restores: the continued rollouts it runs now, and the saved
+        replicas' directories that hold them (None, its own, when the topology did not change)."""
+        placement = self.placement
+        if placement is None or not placement.elastic:
+            return self.continued, None
+        if role == Role.AGENT:
+            mine = tuple(e for e in self.continued if e.replica == replica)
+            return mine, placement.agent_sources(replica)
+        mine = tuple(e for e in self.continued if placement.on_tool_server(e.rollout_id) == replica)
+        return mine, placement.tool_server_sources(replica)
 
 
 def dead_attempts(ledger: Ledger) -> list[AttemptRef]:
@@ -45,29 +70,40 @@ def adopt_snapshot(
     task_count: int,
     counts: Counter[str],
     restart_only: set[str],
-    saved_episodes: set[tuple[str, int]],
+    saved: SavedWork,
 ) -> Continuation:
-    """Every attempt that was running gets attempt N+1 on the same replica, continuing its saved
-    transcript at ``turn`` level, from its prompt otherwise."""
+    """Every attempt that was running gets attempt N+1 on the same replica (placed on a live one when
+    the snapshot had other numbers of agents: ``place``), continuing its saved transcript at ``turn``
+    level, from its prompt otherwise."""
+    saved_episodes = saved.episodes
     state.ledger = ledger
     state.take_anchor(anchor, task_count=task_count)
     for key, value in anchor.counts.items():
         counts[key] = value
+    live = Topology(agents=config.topology.agents, resources=config.topology.resources)
     if config.recovery.target_level == "prompt_group":
-        return _redo_groups(ledger, state.epoch, counts)
+        return _redo_groups(ledger, state.epoch, counts, agents=live.agents)
     keep_turns = config.recovery.target_level in ("turn", "prefix")
     continued = []
     fenced = dead_attempts(ledger)
-    for rollout, attempt in sorted(ledger.dispatched()):
+    running = sorted(ledger.dispatched())
+    placement = place(
+        saved.topology or live,
+        live,
+        {rollout: ledger.sibling(rollout).current.replica or 0 for rollout, _ in running},
+    )
+    if placement.elastic:
+        counts["rollouts_moved"] += sum(placement.agent[r] != placement.origin[r] for r in placement.agent)
+    for rollout, attempt in running:
         fenced.append(AttemptRef(rollout_id=rollout, attempt=attempt))
-        replica = ledger.sibling(rollout).current.replica or 0
+        replica = placement.agent[rollout]
         depends_on = {
             actor_address(Role.AGENT, replica),
-            actor_address(Role.RESOURCES, replica % config.topology.resources),
+            actor_address(Role.RESOURCES, live.tool_server_of(replica)),
         }
         keeps_turns = keep_turns and not depends_on & restart_only  # restart-only: from the prompt
         fresh = ledger.restart_after_restore(
-            rollout, continue_saved=keeps_turns and (rollout, attempt) in saved_episodes
+            rollout, continue_saved=keeps_turns and (rollout, attempt) in saved_episodes, replica=replica
         )
         counts["attempts_restarted"] += 1
         if fresh.continue_from is not None:
@@ -75,16 +111,18 @@ def adopt_snapshot(
             continued.append(EpisodeRef(rollout_id=rollout, attempt=fresh.index, replica=fresh.replica))
     counts["restores"] += 1
     counts["rollouts_restored"] += len(continued)
-    return Continuation(continued=tuple(continued), fenced=tuple(fenced), epoch=state.epoch)
+    return Continuation(
+        continued=tuple(continued), fenced=tuple(fenced), epoch=state.epoch, placement=placement
+    )
 
 
-def _redo_groups(ledger: Ledger, epoch: int, counts: Counter[str]) -> Continuation:
+def _redo_groups(ledger: Ledger, epoch: int, counts: Counter[str], *, agents: int) -> Continuation:
     """``prompt_group`` level: a group with any rollout unfinished at the snapshot starts over whole."""
     fenced = dead_attempts(ledger)
     fenced += [AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())]
     groups = sorted({ledger.group_of(r).group_id for r, _ in ledger.dispatched()})
     for group in groups:
-        ledger.redo_group_after_restore(group)
+        ledger.redo_group_after_restore(group, agents=agents)
         counts["rollouts_redone"] += len(ledger.groups[group].siblings)
     counts["restores"] += 1
     return Continuation(continued=(), fenced=tuple(fenced), epoch=epoch)
@@ -103,7 +141,7 @@ def adopt_fallback(
         task_count=task_count,
         counts=counts,
         restart_only=set(),
-        saved_episodes=set(),
+        saved=SavedWork(episodes=set()),
     )
     granularity = Granularity(config.recovery.default_granularity)
     trained = set(state.trained_groups)

@@ -20,7 +20,13 @@ from typing import Any
 
 import anyio
 import structlog
-from parkway.actors.roles.controller.adopt import Continuation, adopt_fallback, adopt_snapshot, begin_session
+from parkway.actors.roles.controller.adopt import (
+    Continuation,
+    SavedWork,
+    adopt_fallback,
+    adopt_snapshot,
+    begin_session,
+)
 from parkway.actors.roles.controller.cluster import (
     AgentLiveness,
     participant_addresses,
@@ -184,9 +190,7 @@ class Controller(Actor):
     def export_ledger(self) -> LedgerFile:
         return LedgerFile(ledger=self.state.ledger.export(), controller=self.state.anchor(self.counts))
 
-    def adopt(
-        self, ledger: Ledger, anchor: ControllerAnchor, *, saved_episodes: set[tuple[str, int]]
-    ) -> Continuation:
+    def adopt(self, ledger: Ledger, anchor: ControllerAnchor, saved: SavedWork) -> Continuation:
         assert self._config is not None
         return adopt_snapshot(
             self.state,
@@ -196,7 +200,7 @@ class Controller(Actor):
             task_count=len(self._tasks),
             counts=self.counts,
             restart_only=self.restart_only,
-            saved_episodes=saved_episodes,
+            saved=saved,
         )
 
     def adopt_fallback(self, anchor: ControllerAnchor, trainer_state: dict[str, Any]) -> None:

@@ -29,7 +29,8 @@ def config_fingerprint(config: RunConfig) -> str:
             "trainer": config.trainer.kind,
             "tasks": msgspec.to_builtins(config.tasks),
             "rollout": [r.group_size, r.max_turns, r.max_tokens],
-            "topology": msgspec.to_builtins(config.topology),
+            # Not the topology: a snapshot restores onto other numbers of agents and tool servers
+            # (protocol/placement.py); the manifest records its own.
             "resources": config.resources.mode,
             "engine": config.policy.engine,
         }
@@ -44,6 +45,11 @@ def replica_count(config: RunConfig, role: Role) -> int:
         Role.RESOURCES: config.topology.resources,
         Role.AGENT: config.topology.agents,
     }[role]
+
+
+def replica_counts(config: RunConfig) -> dict[str, int]:
+    """Replicas per participant role, as a manifest records them."""
+    return {str(role): replica_count(config, role) for role in PARTICIPANT_ROLES}
 
 
 def topology_of(capabilities: list[Capabilities]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Protocol
 
-from parkway.actors.roles.controller.adopt import Continuation
+from parkway.actors.roles.controller.adopt import Continuation, SavedWork
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
@@ -78,9 +78,7 @@ class SnapshotHost(Protocol):
         """The ledger and the anchor, at this instant (the cut)."""
         ...
 
-    def adopt(
-        self, ledger: Ledger, anchor: ControllerAnchor, *, saved_episodes: set[tuple[str, int]]
-    ) -> Continuation:
+    def adopt(self, ledger: Ledger, anchor: ControllerAnchor, saved: SavedWork) -> Continuation:
         """Take over a restored ledger and anchor."""
         ...
 

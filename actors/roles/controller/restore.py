@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from parkway.actors.roles.controller.adopt import Continuation
+from parkway.actors.roles.controller.adopt import Continuation, SavedWork
 from parkway.actors.roles.controller.fingerprints import fingerprint, topology_of
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
@@ -30,11 +30,22 @@ from parkway.actors.storage.select import NoValidSnapshot, SnapshotInvalid, sele
 from parkway.actors.storage.trainer import read_trainer_checkpoint
 from parkway.protocol.anchor import decode_ledger_file
 from parkway.protocol.history import OrphanAborted, RestoreDone, RestoreFailed, RestoreFenced, RestoreStarted
-from parkway.protocol.ids import new_checkpoint_id
+from parkway.protocol.ids import Role, new_checkpoint_id, parse_address
 from parkway.protocol.layout import LEDGER
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.manifest import Manifest
-from parkway.protocol.messages import Abort, Capabilities, Discover, Error, Restore, Retire, StatusReport
+from parkway.protocol.messages import (
+    Abort,
+    Capabilities,
+    Discover,
+    EpisodeRef,
+    Error,
+    Restore,
+    Restored,
+    Retire,
+    StatusReport,
+)
+from parkway.protocol.placement import PlacementError, Topology, counts_of, saved_topology
 from parkway.protocol.snapshot import (
     RESTORE_SEQUENCE,
     RestoreStep,
@@ -56,6 +67,7 @@ class RestoreAttempt:
     scope: contextlib.ExitStack  # the log context of the restore's id, from the moment it has one
     restore_id: str = ""
     path: Path = Path()  # the snapshot restored
+    saved_topology: Topology | None = None  # its agents and tool servers (None: an older snapshot)
     manifest: Manifest | None = None
     deadline: float = 0.0
     continuation: Continuation | None = None
@@ -189,7 +201,8 @@ class RestoreSequence:
         )
 
     async def discover(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
-        """The live topology must be the snapshot's."""
+        """The live topology must be the snapshot's, but for its numbers of agents and tool servers
+        (a snapshot older than that check is restored only onto its own)."""
         assert attempt.manifest is not None
         capabilities = []
         for stage in stages:
@@ -199,10 +212,23 @@ class RestoreSequence:
                 "discover",
             )
             capabilities += [r for r in replies.values() if isinstance(r, Capabilities)]
-        if fingerprint(topology_of(capabilities)) != attempt.manifest.topology_fingerprint:
-            raise SnapshotInvalid(
-                "the live topology differs from the snapshot's: "
-                f"{[(c.role, c.replica) for c in capabilities]}"
+        live = [(str(c.role), c.replica) for c in capabilities]
+        if not attempt.manifest.replicas:
+            if fingerprint(topology_of(capabilities)) != attempt.manifest.topology_fingerprint:
+                raise SnapshotInvalid(f"the live topology differs from the snapshot's: {live}")
+            return
+        try:
+            attempt.saved_topology = saved = saved_topology(attempt.manifest.replicas, counts_of(live))
+        except PlacementError as exc:
+            raise SnapshotInvalid(f"{attempt.path.name} cannot be restored onto this cluster: {exc}") from exc
+        now = Topology(agents=self.config.topology.agents, resources=self.config.topology.resources)
+        if saved != now:
+            log.info(
+                "restore_onto_another_topology",
+                saved_agents=saved.agents,
+                saved_resources=saved.resources,
+                agents=now.agents,
+                resources=now.resources,
             )
 
     async def restore_ledger(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
@@ -215,7 +241,9 @@ class RestoreSequence:
         if mismatch:
             raise SnapshotInvalid(f"{attempt.path.name}: saved episodes differ from its ledger: {mismatch}")
         # Rollouts a restart-only participant could not save restart from their prompt.
-        attempt.continuation = self.host.adopt(ledger, record.controller, saved_episodes=saved - restarts)
+        attempt.continuation = self.host.adopt(
+            ledger, record.controller, SavedWork(episodes=saved - restarts, topology=attempt.saved_topology)
+        )
 
     async def restore_participants(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         """Agents first: they stop whatever the fresh processes picked up from the dead cluster's
@@ -224,20 +252,36 @@ class RestoreSequence:
         rid, deadline, location = attempt.restore_id, attempt.deadline, attempt.path.name
         scope, epoch = attempt.continuation.continued, attempt.continuation.epoch
         keep_prefixes = self.config.recovery.target_level == "prefix"
-        for stage in stages:
-            await self.participants.ask(
-                stage,
-                lambda _a: Restore(
-                    checkpoint_id=rid,
-                    deadline=deadline,
-                    location=location,
-                    episodes=scope,
-                    epoch=epoch,
-                    keep_prefixes=keep_prefixes,
-                ),
-                "restore",
+        continuation = attempt.continuation
+
+        def restore(address: str) -> Restore:
+            role, replica = parse_address(address)
+            episodes: tuple[EpisodeRef, ...] = scope
+            sources: tuple[int, ...] | None = None
+            if role in (Role.AGENT, Role.RESOURCES):
+                episodes, sources = continuation.scope_of(Role(role), replica)
+            return Restore(
+                checkpoint_id=rid,
+                deadline=deadline,
+                location=location,
+                episodes=episodes,
+                epoch=epoch,
+                keep_prefixes=keep_prefixes,
+                sources=sources,
             )
+
+        restored: set[tuple[str, int]] = set()
+        for stage in stages:
+            replies = await self.participants.ask(stage, restore, "restore")
+            for address, reply in replies.items():
+                if isinstance(reply, Restored) and parse_address(address)[0] == Role.AGENT:
+                    restored.update((r.rollout_id, r.attempt) for r in reply.rollouts)
             self.host.faults.reach(f"after_restore_{stage_name(stage)}")
+        missing = {(e.rollout_id, e.attempt) for e in scope} - restored
+        if missing:
+            # Every continued rollout's transcript must have been found by the agent that runs it now
+            # (a snapshot whose agent records lack one is not restored with a hole in it).
+            raise SnapshotInvalid(f"{location}: no agent restored {sorted(missing)[:8]} ({len(missing)})")
 
     async def fence(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         fence = attempt.fence()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import structlog
 from parkway.actors.roles.controller import scopes
-from parkway.actors.roles.controller.fingerprints import expected_topology, fingerprint
+from parkway.actors.roles.controller.fingerprints import expected_topology, fingerprint, replica_counts
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants, Sent
@@ -495,6 +495,7 @@ class SaveSequence:
             trainer=TrainerMark(step=anchor.train_steps, policy_version=anchor.policy_version),
             config_fingerprint=self.config_fingerprint,
             topology_fingerprint=fingerprint(expected_topology(self.config)),
+            replicas=replica_counts(self.config),
             episodes=sorted(attempt.episodes),
             restarts=sorted(attempt.restarts),
             files=attempt.files,

@@ -48,6 +48,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     prefix_tokens_kept: int = 0
     prefix_tokens_regenerated: int = 0
     prefix_fallbacks: int = 0
+    # Restored rollouts a restore onto fewer agents moved to another agent than the one that saved
+    # them (docs/recovery.md#another-topology).
+    rollouts_moved: int = 0
     tool_calls: int
     tool_mutations_applied: int
     tool_duplicates_absorbed: int
@@ -209,6 +212,7 @@ async def summarize(
         snapshot_bytes=metrics.bytes_summary(),
         restores=counts["restores"],
         rollouts_restored=counts["rollouts_restored"],
+        rollouts_moved=counts["rollouts_moved"],
         rollouts_by_agent=by_agent,
         tool_calls_by_resources=by_resources,
     )

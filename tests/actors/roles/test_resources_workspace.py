@@ -228,3 +228,35 @@ async def test_a_stopping_server_kills_its_running_commands(tmp_path: Path) -> N
     assert isinstance(reply, Error) and reply.code is ErrorCode.UNAVAILABLE and reply.retryable, reply
     assert env.root is not None and not env.root.exists()
     assert not [e for e in events if e["event"] == "handler_failed" or e.get("log_level") == "error"]
+
+
+async def test_a_workspace_session_is_not_taken_over_from_another_tool_server(tmp_path: Path) -> None:
+    """A restore onto another number of tool servers names the saved server's directory
+    (``sources``): a workspace's saved manifest names blobs in that server's own store, so taking it
+    over is refused by name, and nothing changes here."""
+    saved = tmp_path / "elastic" / "snapshot_1" / "participants" / "resources" / "1"
+    saved.mkdir(parents=True)
+    session = SavedSession(
+        rollout_id="r1", attempt=0, env_name="workspace", seed=1, revision=1, applied=(0,), env=None
+    )
+    (saved / "sessions.msgpack").write_bytes(msgspec.msgpack.encode([session]))
+    async with MemoryBroker(MemoryHub(), "elastic") as broker:
+        actor = Resources(
+            broker, secret=SECRET, snapshot_root=tmp_path, environments={"workspace": Workspace}
+        )
+        await actor.start()
+        client = Client(broker, secret=SECRET, sender="controller/0")
+        reply = await client.request(
+            "resources/0",
+            Restore(
+                checkpoint_id="rs-1",
+                deadline=time.time() + 30,
+                location="snapshot_1",
+                episodes=(EpisodeRef(rollout_id="r1", attempt=1, replica=0),),
+                sources=(1,),
+            ),
+        )
+        assert isinstance(reply, Error) and reply.code is ErrorCode.INVALID_MESSAGE, reply
+        assert "a workspace session cannot move to another tool server" in reply.detail
+        assert not actor.sessions and actor.phases.phase.value == "idle"
+        await actor.stop()
