@@ -190,7 +190,7 @@ async def delete_run(config: RunConfig) -> None:
         prefix = f"pk.{config.run}"
         queues = [*(f"{prefix}.q.{a}" for a in addresses), f"{prefix}.dead", f"{prefix}.logs"]
         exchanges = [prefix, f"{prefix}.dlx", f"{prefix}.logs"]
-    connection = await aio_pika.connect(URL)
+    connection = await aio_pika.connect(URL.split(",")[0])  # a node list: its first node
     async with connection:
         for kind, name in [("queue", q) for q in queues] + [("exchange", e) for e in exchanges]:
             with contextlib.suppress(Exception):  # one channel each: an error closes its channel

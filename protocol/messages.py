@@ -334,6 +334,7 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     agent: str = "tool"  # the agent program
     resources: ranges.Count | None = None  # its tool server; None: the agent's own number
+    policy: ranges.Count | None = None  # the policy replica its model calls go to; None: the agent's own
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=ranges.MAX_TOKENS)] = 160  # per model call
     fail_at_turn: ranges.Turns | None = None  # an injected failure (faults.*)
     # A restored attempt: the turns its saved transcript holds (the agent restored that transcript).

@@ -1,23 +1,38 @@
-"""Where each rollout a restore continues runs, when the live cluster has another number of agents or
-tool servers than the snapshot's (an elastic restore; docs/recovery.md#another-topology).
+"""Which replica serves a rollout, and where each rollout a restore continues runs when the live
+cluster has other numbers of agents, tool servers or policy replicas than the snapshot's (an elastic
+restore; docs/recovery.md#another-topology).
 
-A rollout runs on agent replica ``a`` and uses tool server ``a % resources`` (``dispatch``). A snapshot
-saves each rollout's transcript in its agent's directory and its tool session in that tool server's.
-After a restore onto ``agents'`` agents and ``resources'`` tool servers:
+A rollout runs on agent replica ``a``, uses tool server ``a % resources`` and sends its model calls to
+policy replica ``policy_of(rollout, policies)`` (a hash of its id: all its calls on one replica, where
+the engine's prefix cache pays). A snapshot saves each rollout's transcript in its agent's directory,
+its tool session in that tool server's and its model call's kept prefix in that policy replica's.
+After a restore onto ``agents'``, ``resources'`` and ``policies'``:
 
 - a continued rollout keeps its agent replica when that replica still exists, and otherwise goes to
   the live agent holding the fewest continued rollouts so far (lowest index first): deterministic,
   and balanced as far as the kept ones allow;
-- its tool session moves to ``new agent % resources'``.
+- its tool session moves to ``new agent % resources'``;
+- saved policy replica ``s`` is taken over by live replica ``s % policies'`` (each saved one by
+  exactly one live one), and a continued rollout's calls go there until it ends (its prefix and the
+  engine's cache of it are there).
 
-Each live agent and tool server is told which saved replicas' directories hold its rollouts
-(``Restore.sources``). Pure: no I/O, plain values in and out.
+Each live agent, tool server and policy replica is told which saved replicas' directories hold its
+rollouts (``Restore.sources``). Pure: no I/O, plain values in and out.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+
+def policy_of(rollout_id: str, policies: int) -> int:
+    """The policy replica a rollout's model calls go to: the same in every process and run."""
+    if policies <= 1:
+        return 0
+    digest = hashlib.sha256(rollout_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % policies
 
 
 class PlacementError(ValueError):
@@ -26,14 +41,15 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class Topology:
-    """How many agents and tool servers a run has (the singletons, TQ and the policy, never change)."""
+    """How many agents, tool servers and policy replicas a run has (TQ is one, always)."""
 
     agents: int
     resources: int
+    policies: int = 1
 
     def __post_init__(self) -> None:
-        if self.agents < 1 or self.resources < 1:
-            raise PlacementError(f"a run needs at least one agent and one tool server, not {self}")
+        if self.agents < 1 or self.resources < 1 or self.policies < 1:
+            raise PlacementError(f"a run needs at least one agent, tool server and policy, not {self}")
 
     def tool_server_of(self, agent: int) -> int:
         """The tool server a rollout on ``agent`` calls (the dispatcher's rule)."""
@@ -71,6 +87,15 @@ class Placement:
 
     def on_tool_server(self, rollout_id: str) -> int:
         return self.live.tool_server_of(self.agent[rollout_id])
+
+    def on_policy(self, rollout_id: str) -> int:
+        """The live policy replica a restored rollout's calls go to: the one that took over the saved
+        replica its calls went to."""
+        return policy_of(rollout_id, self.saved.policies) % self.live.policies
+
+    def policy_sources(self, replica: int) -> tuple[int, ...]:
+        """The saved policy replicas live ``replica`` takes over (their prefixes and counts)."""
+        return tuple(s for s in range(self.saved.policies) if s % self.live.policies == replica)
 
 
 def place(saved: Topology, live: Topology, origin: Mapping[str, int]) -> Placement:
@@ -111,17 +136,18 @@ def counts_of(replicas: Iterable[tuple[str, int]]) -> dict[str, int]:
 
 
 def saved_topology(saved: Mapping[str, int], live: Mapping[str, int]) -> Topology:
-    """The snapshot's agents and tool servers, once its replicas (a manifest's ``replicas``) are found
-    restorable onto the live ones: the same roles, and one TQ and one policy as it had."""
+    """The snapshot's agents, tool servers and policy replicas, once its replicas (a manifest's
+    ``replicas``) are found restorable onto the live ones: the same roles, and the TQ it had."""
     if set(saved) != set(live):
         raise PlacementError(f"the snapshot's roles {sorted(saved)} are not the live {sorted(live)}")
-    for role in sorted(set(saved) - {"agent", "resources"}):
+    for role in sorted(set(saved) - {"agent", "resources", "policy"}):
         if saved[role] != live[role]:
             raise PlacementError(
                 f"the snapshot had {saved[role]} {role} replicas, the live cluster {live[role]}: only the "
-                "numbers of agents and tool servers may change between a snapshot and its restore"
+                "numbers of agents, tool servers and policy replicas may change between a snapshot "
+                "and its restore"
             )
     try:
-        return Topology(agents=saved["agent"], resources=saved["resources"])
+        return Topology(agents=saved["agent"], resources=saved["resources"], policies=saved["policy"])
     except KeyError as exc:
         raise PlacementError(f"the snapshot names no {exc.args[0]} replicas") from exc

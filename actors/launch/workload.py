@@ -102,7 +102,7 @@ def embedded_actors(
     actors: list[Actor] = []
     layout = [
         (Role.TQ, 1),
-        (Role.POLICY, 1),
+        (Role.POLICY, config.topology.policies),
         (Role.RESOURCES, config.topology.resources),
         (Role.AGENT, config.topology.agents),
     ]

@@ -129,6 +129,8 @@ class Attempt:
         self.capture_key = capture_key(run.rollout_id, run.attempt)
         resources = run.task.resources
         self.resources = f"resources/{host.replica if resources is None else resources}"
+        # Every model call of the attempt goes to one policy replica (the controller's choice).
+        self.policy = host.policy_address if run.task.policy is None else f"policy/{run.task.policy}"
         self.state = RUNNING
         self.model: list[ModelStep] = []
         self.tools: list[ToolStep] = []
@@ -316,7 +318,7 @@ class Attempt:
         # does not wait: a stopping agent must not hang on a checkpoint that will never resume.)
         try:
             reply = await self.trace.call(
-                "model", index, self._request(self.host.policy_address, request, staging_key(ck, index))
+                "model", index, self._request(self.policy, request, staging_key(ck, index))
             )
         except RolloutFailure:
             await self.host.hold(self)

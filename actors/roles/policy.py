@@ -59,6 +59,7 @@ log = structlog.get_logger("parkway.policy")
 
 class Policy(Participant):
     role = Role.POLICY
+    takes_over_replicas = True  # prefixes and counts are per rollout; the weights are every replica's
     prefetch = 1024  # generations wait concurrently (on the engines or at the gate)
 
     def __init__(
@@ -349,13 +350,18 @@ class Policy(Participant):
         return Cut(write=write)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
-        # Read first: a snapshot that cannot be read changes nothing here.
-        [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
-        if not isinstance(record, dict):
-            raise TypeError(f"participant.msgpack holds a {type(record).__name__}, not a record")
+        # Read first: a snapshot that cannot be read changes nothing here. Onto another number of
+        # replicas this one takes over the saved replicas of ``sources`` (their prefixes and counts);
+        # one that takes over none still loads the snapshot's weights, which every replica had
+        # (replica 0's record, which every snapshot holds).
+        sources = self.source_dirs(directory, command)
+        records = [read_policy_record(d) for d in sources or [self.participant_dir(command.location, 0)]]
+        record = records[0]
         weights_dir = record.get("weights_dir")
         policy_version = int(record["policy_version"])
-        prefixes = [KeptPrefix.from_record(item) for item in record.get("prefixes") or ()]
+        prefixes = [
+            KeptPrefix.from_record(item) for r in records[: len(sources)] for item in r.get("prefixes") or ()
+        ]
         # Calls in flight belong to the cluster that died: abort them and capture nothing of them (the
         # restored agents re-issue what they need: same request, same tokens). Their attempts are not
         # fenced here: the controller fences exactly the attempts the snapshot holds, and the restored
@@ -371,9 +377,15 @@ class Policy(Participant):
             await self._load(weights_dir)
         self.policy_version = policy_version
         self.prefixes.install(prefixes, command)
-        saved = record.get("generations")  # absent in snapshots from before the records
-        if isinstance(saved, list) and len(saved) == 3 and all(isinstance(n, int) for n in saved):
-            self.generations.adopt(*saved)
+        # The generation counts of the replicas taken over (absent in snapshots from before them).
+        counts = [r.get("generations") for r in records[: len(sources)]]
+        valid = [
+            c for c in counts if isinstance(c, list) and len(c) == 3 and all(isinstance(n, int) for n in c)
+        ]
+        if valid:
+            self.generations.adopt(
+                max(c[0] for c in valid), sum(c[1] for c in valid), sum(c[2] for c in valid)
+            )
             self._count_generations()
         return ()
 
@@ -384,3 +396,11 @@ class Policy(Participant):
     @property
     def generating(self) -> int:
         return len(self._generating)
+
+
+def read_policy_record(directory: Path) -> dict[str, Any]:
+    """A policy replica's saved record (``participant.msgpack``: one map)."""
+    [record] = msgspec.msgpack.decode((directory / "participant.msgpack").read_bytes())
+    if not isinstance(record, dict):
+        raise TypeError(f"participant.msgpack holds a {type(record).__name__}, not a record")
+    return record

@@ -135,6 +135,7 @@ class SnapshotsConfig(_Section, frozen=True):
 class TopologyConfig(_Section, frozen=True):
     agents: int = 2
     resources: int = 2
+    policies: int = 1  # policy replicas; a rollout's calls all go to one (protocol/placement.py)
 
 
 class CommandConfig(_Section, frozen=True):
@@ -260,6 +261,7 @@ def check(config: RunConfig) -> None:
         ("policy.engines", config.policy.engines),
         ("topology.agents", config.topology.agents),
         ("topology.resources", config.topology.resources),
+        ("topology.policies", config.topology.policies),
         ("trainer.batch_groups", config.trainer.batch_groups),
         ("keep_latest_k", config.keep_latest_k),
     ):

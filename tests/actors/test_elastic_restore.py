@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from parkway.actors.roles.controller.controller import SimulatedCrash
+from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
 from parkway.protocol.layout import AGENT_ROLLOUTS
 from parkway.protocol.transcript import SavedRollout
 from structlog.testing import capture_logs
@@ -45,23 +45,42 @@ def saved_by_agent(snapshot: Path) -> dict[int, list[str]]:
 async def test_a_snapshot_restores_onto_other_numbers_of_agents_and_tool_servers(
     tmp_path: Path, agents: int, resources: int
 ) -> None:
-    reference = await embedded_run(BASE, tmp_path / "reference", snapshots=False)
+    await restore_elsewhere(tmp_path, {"agents": agents, "resources": resources, "policies": 1})
+
+
+async def restore_elsewhere(tmp_path: Path, live_topology: dict[str, int], **overrides: object) -> RunSummary:
+    """The run of ``BASE`` (with ``overrides``) crashed after its second snapshot and restored onto
+    ``live_topology``: checked against an uncrashed run; the resumed run's summary."""
+    base = {**BASE, **overrides}
+    topology = live_topology
+    agents, resources = topology["agents"], topology["resources"]
+    reference = await embedded_run(base, tmp_path / "reference", snapshots=False)
     state = tmp_path / "crashy"
     with pytest.raises(SimulatedCrash):
-        await embedded_run(BASE, state, stop_after=2)
+        await embedded_run(base, state, stop_after=2)
     snapshot = sorted((state / "snapshots" / "elastic").glob("snapshot_*"))[-1]
     manifest = json.loads((snapshot / "manifest.json").read_text())
-    assert manifest["replicas"] == {"agent": 2, "policy": 1, "resources": 2, "tq": 1}
+    saved = base["topology"]
+    assert manifest["replicas"] == {
+        "agent": saved["agents"],
+        "policy": saved.get("policies", 1),
+        "resources": saved["resources"],
+        "tq": 1,
+    }
     held = saved_by_agent(snapshot)
     assert held.get(0) and held.get(1), (
         f"both agents must hold rollouts mid-flight, or this proves less: {held}"
     )
 
-    live = {**BASE, "topology": {"agents": agents, "resources": resources}}
+    live = {**base, "topology": topology}
     with capture_logs() as logs:
         resumed = await embedded_run(live, state)
     [moved] = [e for e in logs if e["event"] == "restore_onto_another_topology"]
-    assert (moved["agents"], moved["resources"]) == (agents, resources)
+    assert (moved["agents"], moved["resources"], moved["policies"]) == (
+        agents,
+        resources,
+        topology["policies"],
+    )
     assert resumed.restores == 1 and resumed.rollouts_restored == len(manifest["episodes"])
     assert resumed.rollouts_sealed == resumed.rollouts_expected == 12 and resumed.rollouts_failed == 0
     assert resumed.mean_reward == 1.0  # each moved bank session replays to its balances
@@ -72,3 +91,40 @@ async def test_a_snapshot_restores_onto_other_numbers_of_agents_and_tool_servers
     assert resumed.rollouts_moved == (len(held[1]) if agents == 1 else 0)
     assert set(resumed.rollouts_by_agent) <= {f"agent/{i}" for i in range(agents)}
     assert set(resumed.tool_calls_by_resources) <= {f"resources/{i}" for i in range(resources)}
+    assert set(resumed.model_calls_by_policy) == {f"policy/{i}" for i in range(topology["policies"])}
+    return resumed
+
+
+@pytest.mark.parametrize(("saved", "live"), [(2, 1), (1, 3)])
+async def test_a_snapshot_restores_onto_another_number_of_policy_replicas_keeping_prefixes(
+    tmp_path: Path, saved: int, live: int
+) -> None:
+    """At ``prefix``: each saved policy replica's kept prefixes are taken over by one live replica,
+    and the restored rollouts' calls go there and continue from them."""
+    resumed = await restore_elsewhere(
+        tmp_path,
+        {"agents": 2, "resources": 2, "policies": live},
+        topology={"agents": 2, "resources": 2, "policies": saved},
+        recovery={"target_level": "prefix"},
+        policy={"host": "inline", "per_token_delay_s": 0.0005, "filler_words": 40},
+        rollout={"group_size": 3, "max_turns": 6, "max_tokens": 900},
+    )
+    assert resumed.calls_continued > 0 and resumed.prefix_tokens_kept > 0
+    assert resumed.prefix_fallbacks == 0 and resumed.prefix_tokens_regenerated == 0
+    # Every restored rollout's calls went to the replica that took over its saved one: from one saved
+    # replica, that is live replica 0 (the others serve rollouts dispatched after the restore).
+    assert resumed.model_calls_by_policy["policy/0"] > 0
+
+
+async def test_policy_replicas_share_the_calls_and_generate_what_one_would(tmp_path: Path) -> None:
+    """Each rollout's calls go to the replica its id hashes to; what is generated does not change."""
+    one = await embedded_run(BASE, tmp_path / "one", snapshots=False)
+    three = await embedded_run(
+        {**BASE, "topology": {"agents": 2, "resources": 2, "policies": 3}}, tmp_path / "three"
+    )
+    assert three.rollouts_sealed == 12 and three.rollouts_failed == 0
+    assert three.transcripts_sha256 == one.transcripts_sha256
+    assert three.snapshots_published >= 1  # every replica took part in the snapshots
+    assert sorted(three.model_calls_by_policy) == ["policy/0", "policy/1", "policy/2"]
+    assert all(calls > 0 for calls in three.model_calls_by_policy.values())
+    assert sum(three.model_calls_by_policy.values()) == three.model_calls == one.model_calls

@@ -3,8 +3,8 @@ the real RabbitMQ.
 
 Two agents and two tool servers run the crash workload; the controller is SIGKILLed right after the
 first snapshot in which both agents hold rollouts mid-flight, and the test SIGKILLs every other
-process. The cluster comes back as three agents and one tool server, or as one agent and three tool
-servers: the restore places each saved rollout on a live agent (agent 1's all moved to agent 0 when
+process. The cluster comes back as three agents and one tool server, or as one agent, three tool servers and
+two policy replicas: the restore places each saved rollout on a live agent (agent 1's all moved to agent 0 when
 there is one), its tool session on that agent's tool server (read from the directory of the server
 that saved it), and the run finishes: every rollout sealed once, each bank transfer applied once, the
 finished turns not generated again, the transcripts those of a run that never crashed.
@@ -35,9 +35,9 @@ def saved_by_agent(snapshot: Path) -> dict[int, list[str]]:
     return held
 
 
-@pytest.mark.parametrize(("agents", "resources"), [(3, 1), (1, 3)])
+@pytest.mark.parametrize(("agents", "resources", "policies"), [(3, 1, 1), (1, 3, 2)])
 async def test_a_snapshot_of_two_and_two_continues_on_another_topology(
-    spawn, client, amqp_url, run_name, tmp_path, agents: int, resources: int
+    spawn, client, amqp_url, run_name, tmp_path, agents: int, resources: int, policies: int
 ) -> None:
     config_path = tmp_path / "run.yaml"
     config_path.write_text(CONFIG)
@@ -63,10 +63,11 @@ async def test_a_snapshot_of_two_and_two_continues_on_another_topology(
     elastic = tmp_path / "elastic.yaml"
     elastic.write_text(
         CONFIG.replace(
-            "topology: {agents: 2, resources: 2}", f"topology: {{agents: {agents}, resources: {resources}}}"
+            "topology: {agents: 2, resources: 2}",
+            f"topology: {{agents: {agents}, resources: {resources}, policies: {policies}}}",
         )
     )
-    roles = [("tq", 0), ("policy", 0)]
+    roles = [("tq", 0)] + [("policy", i) for i in range(policies)]
     roles += [("resources", i) for i in range(resources)] + [("agent", i) for i in range(agents)]
     second = [spawn(role, replica, args=("--config", str(elastic))) for role, replica in roles]
     for actor in second:
@@ -85,3 +86,4 @@ async def test_a_snapshot_of_two_and_two_continues_on_another_topology(
     assert summary["transcripts_sha256"] == reference
     assert set(summary["rollouts_by_agent"]) <= {f"agent/{i}" for i in range(agents)}
     assert set(summary["tool_calls_by_resources"]) <= {f"resources/{i}" for i in range(resources)}
+    assert set(summary["model_calls_by_policy"]) == {f"policy/{i}" for i in range(policies)}, out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from parkway.protocol.placement import PlacementError, Topology, counts_of, place, saved_topology
+from parkway.protocol.placement import PlacementError, Topology, counts_of, place, policy_of, saved_topology
 
 TWO_BY_TWO = Topology(agents=2, resources=2)
 # Six running rollouts, three saved by each agent (agent a's tool server was a % 2).
@@ -61,12 +61,31 @@ def test_refusals() -> None:
         counts_of([("agent", 0), ("agent", 2)])
 
 
-def test_only_agents_and_tool_servers_may_change() -> None:
+def test_tq_may_not_change() -> None:
     saved = {"agent": 2, "resources": 2, "policy": 1, "tq": 1}
-    assert saved_topology(saved, {**saved, "agent": 3, "resources": 1}) == TWO_BY_TWO
-    with pytest.raises(PlacementError, match="1 policy replicas, the live cluster 2"):
-        saved_topology(saved, {**saved, "policy": 2})
+    assert saved_topology(saved, {**saved, "agent": 3, "resources": 1, "policy": 4}) == TWO_BY_TWO
+    with pytest.raises(PlacementError, match="1 tq replicas, the live cluster 2"):
+        saved_topology(saved, {**saved, "tq": 2})
     with pytest.raises(PlacementError, match="roles"):
         saved_topology(saved, {"agent": 2, "resources": 2, "policy": 1})
     with pytest.raises(PlacementError, match="no agent replicas"):
         saved_topology({"resources": 2}, {"resources": 2})
+
+
+def test_a_rollouts_calls_hash_to_one_policy_replica() -> None:
+    ids = [f"g{i}:s{j}" for i in range(50) for j in range(4)]
+    assert {policy_of(r, 1) for r in ids} == {0}
+    spread = [policy_of(r, 3) for r in ids]
+    assert spread == [policy_of(r, 3) for r in ids]  # the same in every process (not Python's hash)
+    assert all(spread.count(i) > 40 for i in range(3))  # 200 ids over 3 replicas, none starved
+
+
+def test_each_saved_policy_replica_is_taken_over_by_exactly_one_live_one() -> None:
+    origin = {f"r{i}": i % 2 for i in range(40)}
+    for saved_n, live_n in ((1, 2), (2, 1), (3, 2), (2, 3)):
+        placement = place(Topology(2, 2, saved_n), Topology(2, 2, live_n), origin)
+        taken = [s for p in range(live_n) for s in placement.policy_sources(p)]
+        assert sorted(taken) == list(range(saved_n))
+        for rollout in origin:  # a restored rollout's calls go to whoever took over its saved replica
+            saved_replica = policy_of(rollout, saved_n)
+            assert saved_replica in placement.policy_sources(placement.on_policy(rollout))

@@ -39,14 +39,18 @@ class Continuation:
     placement: Placement | None = None
 
     def scope_of(self, role: Role, replica: int) -> tuple[tuple[EpisodeRef, ...], tuple[int, ...] | None]:
-        """What one agent or tool server restores: the continued rollouts it runs now, and the saved
-        replicas' directories that hold them (None, its own, when the topology did not change)."""
+        """What one agent, tool server or policy replica restores: the continued rollouts it serves
+        now, and the saved replicas' directories it takes over (None, its own, when the topology did
+        not change)."""
         placement = self.placement
         if placement is None or not placement.elastic:
             return self.continued, None
         if role == Role.AGENT:
             mine = tuple(e for e in self.continued if e.replica == replica)
             return mine, placement.agent_sources(replica)
+        if role == Role.POLICY:
+            mine = tuple(e for e in self.continued if placement.on_policy(e.rollout_id) == replica)
+            return mine, placement.policy_sources(replica)
         mine = tuple(e for e in self.continued if placement.on_tool_server(e.rollout_id) == replica)
         return mine, placement.tool_server_sources(replica)
 
@@ -80,9 +84,10 @@ def adopt_snapshot(
     state.take_anchor(anchor, task_count=task_count)
     for key, value in anchor.counts.items():
         counts[key] = value
-    live = Topology(agents=config.topology.agents, resources=config.topology.resources)
+    t = config.topology
+    live = Topology(agents=t.agents, resources=t.resources, policies=t.policies)
     if config.recovery.target_level == "prompt_group":
-        return _redo_groups(ledger, state.epoch, counts, agents=live.agents)
+        return _redo_groups(ledger, state.epoch, counts, place(saved.topology or live, live, {}))
     keep_turns = config.recovery.target_level in ("turn", "prefix")
     continued = []
     fenced = dead_attempts(ledger)
@@ -109,6 +114,8 @@ def adopt_snapshot(
         if fresh.continue_from is not None:
             assert fresh.replica is not None
             continued.append(EpisodeRef(rollout_id=rollout, attempt=fresh.index, replica=fresh.replica))
+            if placement.saved.policies != live.policies:  # its prefix is where its saved replica went
+                state.policy_pins[(rollout, fresh.index)] = placement.on_policy(rollout)
     counts["restores"] += 1
     counts["rollouts_restored"] += len(continued)
     return Continuation(
@@ -116,16 +123,16 @@ def adopt_snapshot(
     )
 
 
-def _redo_groups(ledger: Ledger, epoch: int, counts: Counter[str], *, agents: int) -> Continuation:
+def _redo_groups(ledger: Ledger, epoch: int, counts: Counter[str], placement: Placement) -> Continuation:
     """``prompt_group`` level: a group with any rollout unfinished at the snapshot starts over whole."""
     fenced = dead_attempts(ledger)
     fenced += [AttemptRef(rollout_id=r, attempt=a) for r, a in sorted(ledger.dispatched())]
     groups = sorted({ledger.group_of(r).group_id for r, _ in ledger.dispatched()})
     for group in groups:
-        ledger.redo_group_after_restore(group, agents=agents)
+        ledger.redo_group_after_restore(group, agents=placement.live.agents)
         counts["rollouts_redone"] += len(ledger.groups[group].siblings)
     counts["restores"] += 1
-    return Continuation(continued=(), fenced=tuple(fenced), epoch=epoch)
+    return Continuation(continued=(), fenced=tuple(fenced), epoch=epoch, placement=placement)
 
 
 def adopt_fallback(

@@ -293,6 +293,7 @@ class Controller(Actor):
         stop_after_snapshots: int | None,
     ) -> RunSummary:
         self.retirement.resources = config.topology.resources
+        self.retirement.policies = config.topology.policies
         self.forgetting.bound_by(config.rollout.max_in_flight)
         dispatcher = Dispatcher(
             client=self.client,

@@ -23,6 +23,7 @@ from parkway.protocol.history import Dispatched, RolloutStalled
 from parkway.protocol.ids import Role, actor_address, capture_key, rollout_id, task_group_id
 from parkway.protocol.ledger import Granularity, GroupState
 from parkway.protocol.messages import Failed, Run, TaskOptions
+from parkway.protocol.placement import policy_of
 
 log = structlog.get_logger("parkway.controller")
 
@@ -195,9 +196,15 @@ class Dispatcher:
         ):
             fail_at = stable_int(config.seed, rollout, attempt, "turn") % config.rollout.max_turns
         vllm_model = config.policy.model if config.policy.engine == "vllm" else None
+        # A restored rollout's calls go to the replica that took over its saved prefix; any other's to
+        # the replica its id hashes to (None, the agent's own, when there is one).
+        policy = self._state.policy_pins.pop((rollout, attempt), None)
+        if policy is None and config.topology.policies > 1:
+            policy = policy_of(rollout, config.topology.policies)
         return TaskOptions(
             agent=config.agent,
             resources=replica % config.topology.resources,
+            policy=policy,
             max_tokens=config.rollout.max_tokens,
             fail_at_turn=fail_at,
             continue_from=continue_from,

@@ -41,7 +41,7 @@ def replica_count(config: RunConfig, role: Role) -> int:
     """How many replicas of a participant role the configuration runs."""
     return {
         Role.TQ: 1,
-        Role.POLICY: 1,
+        Role.POLICY: config.topology.policies,
         Role.RESOURCES: config.topology.resources,
         Role.AGENT: config.topology.agents,
     }[role]

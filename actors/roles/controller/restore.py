@@ -221,14 +221,17 @@ class RestoreSequence:
             attempt.saved_topology = saved = saved_topology(attempt.manifest.replicas, counts_of(live))
         except PlacementError as exc:
             raise SnapshotInvalid(f"{attempt.path.name} cannot be restored onto this cluster: {exc}") from exc
-        now = Topology(agents=self.config.topology.agents, resources=self.config.topology.resources)
+        t = self.config.topology
+        now = Topology(agents=t.agents, resources=t.resources, policies=t.policies)
         if saved != now:
             log.info(
                 "restore_onto_another_topology",
                 saved_agents=saved.agents,
                 saved_resources=saved.resources,
+                saved_policies=saved.policies,
                 agents=now.agents,
                 resources=now.resources,
+                policies=now.policies,
             )
 
     async def restore_ledger(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
@@ -258,7 +261,7 @@ class RestoreSequence:
             role, replica = parse_address(address)
             episodes: tuple[EpisodeRef, ...] = scope
             sources: tuple[int, ...] | None = None
-            if role in (Role.AGENT, Role.RESOURCES):
+            if role in (Role.AGENT, Role.RESOURCES, Role.POLICY):
                 episodes, sources = continuation.scope_of(Role(role), replica)
             return Restore(
                 checkpoint_id=rid,

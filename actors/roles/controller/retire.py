@@ -38,6 +38,7 @@ class Retirement:
         self._client, self._state, self._counts = client, state, counts
         # How many resources replicas a fence goes to; None before a run starts (nothing to fence).
         self.resources: int | None = None
+        self.policies = 1
         # Attempts that ended without a fence (lost with an agent process, or failed on their agent):
         # fenced everywhere before anything is dispatched again, so no stale copy of one of their
         # calls (requeued by a broker restart, resent by a client) is served once attempt N+1 exists.
@@ -94,7 +95,8 @@ class Retirement:
             attempts=refs,
         )
         resources = [actor_address(Role.RESOURCES, i) for i in range(self.resources)]
-        for address in ("policy/0", *resources, "tq/0"):
+        policies = [actor_address(Role.POLICY, i) for i in range(self.policies)]
+        for address in (*policies, *resources, "tq/0"):
             try:
                 reply = await retrying(
                     functools.partial(self._client.request, address, command),

@@ -77,6 +77,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     rollouts_restored: int
     rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
     tool_calls_by_resources: dict[str, int]
+    model_calls_by_policy: dict[str, int] = {}  # model calls each policy replica answered
 
 
 # Data messages a participant handles only for a run's work: a count of one at a session's start
@@ -149,6 +150,7 @@ async def summarize(
     theirs: dict[str, int] = defaultdict(int)
     by_agent: dict[str, int] = {}
     by_resources: dict[str, int] = {}
+    by_policy: dict[str, int] = {}
     for address, report in (await participant_counts(client, config)).items():
         mine = _session_counts(report, (baseline or {}).get(address))
         for key, value in mine.items():
@@ -157,6 +159,8 @@ async def summarize(
             by_agent[address] = mine.get("rollouts_completed", 0) + mine.get("rollouts_failed", 0)
         elif report.role == Role.RESOURCES:
             by_resources[address] = mine.get("tool_calls", 0)
+        elif report.role == Role.POLICY:
+            by_policy[address] = mine.get("model_calls", 0)
     sealed = state.sealed
     generations = theirs["policy.generations"]
     repeated = theirs["policy.generations_repeated"]
@@ -215,4 +219,5 @@ async def summarize(
         rollouts_moved=counts["rollouts_moved"],
         rollouts_by_agent=by_agent,
         tool_calls_by_resources=by_resources,
+        model_calls_by_policy=by_policy,
     )

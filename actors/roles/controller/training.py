@@ -238,12 +238,18 @@ class TrainingHook:
             directory=directory,
             policy_version=policy_version,
         )
+        replicas = [actor_address(Role.POLICY, i) for i in range(self._config.topology.policies)]
+
+        async def load_everywhere() -> None:
+            # Every replica, at once: no rollout is dispatched on the version until all have it.
+            replies = await asyncio.gather(*(self._client.call(a, command) for a in replicas))
+            assert all(isinstance(reply, WeightsLoaded) for reply in replies), replies
+
         if locked:  # the caller holds the snapshot lock
-            reply = await self._client.call("policy/0", command)
+            await load_everywhere()
         else:
             async with self._snapshot_lock:
-                reply = await self._client.call("policy/0", command)
-        assert isinstance(reply, WeightsLoaded)
+                await load_everywhere()
         self._counts["weight_updates"] += 1
 
     async def _checkpoint(self) -> None:

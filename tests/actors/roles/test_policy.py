@@ -160,6 +160,11 @@ def soon() -> float:
     return time.time() + 10
 
 
+def restore_here() -> Restore:
+    """A Restore of this replica's own records (``install_snapshot`` is given their directory)."""
+    return Restore(checkpoint_id="rs-1", deadline=soon(), location="snapshot_1")
+
+
 def expected_reply() -> tuple[tuple[int, ...], tuple[float, ...]]:
     request = GenerationRequest(request_id="x", token_ids=PROMPT, seed=5, max_tokens=256)
     tokens, logprobs = DeterministicEngine().reply_tokens(request)
@@ -291,7 +296,9 @@ async def test_a_restore_drops_the_calls_in_flight_without_fencing_their_attempt
     cluster.policy.pool.generate = observed_generate  # type: ignore[method-assign]
     call = asyncio.ensure_future(cluster.generate(call_index=2, rollout_id="g_g7", attempt=1))
     await asyncio.wait_for(generating.wait(), 5)
-    restored = await cluster.policy.install_snapshot(cluster.policy.participant_dir("tmp_ck-r"), None)  # type: ignore[arg-type]
+    restored = await cluster.policy.install_snapshot(
+        cluster.policy.participant_dir("tmp_ck-r"), restore_here()
+    )
     assert restored == ()
     reply = await asyncio.wait_for(call, 5)
     assert isinstance(reply, Error) and reply.code is ErrorCode.UNAVAILABLE  # not cached
@@ -445,6 +452,6 @@ async def test_a_restored_policy_reloads_the_weights_its_rollouts_used(make_clus
     fresh = await make_cluster()  # a new policy process: start-up weights, version 0
     assert fresh.policy.weights_dir is None
     location = fresh.policy.participant_dir("tmp_ck-w")
-    restored = await fresh.policy.install_snapshot(location, None)  # type: ignore[arg-type]
+    restored = await fresh.policy.install_snapshot(location, restore_here())
     assert restored == () and fresh.policy.policy_version == 3
     assert fresh.policy.weights_dir == str(weights) and fresh.policy.pool._engine.weights == str(weights)
