@@ -99,7 +99,7 @@ def main() -> None:
     began = common.machine()
     variants = [(kind, r) for kind in BROKERS for r in args.replicas]
     runs: list[dict[str, Any]] = []
-    with RabbitCluster(f"bench{os.getpid()}") as nodes:
+    with RabbitCluster(f"parkway-replicas-{os.getpid()}-") as nodes:
         for index in range(args.rounds):
             shift = index % len(variants)
             for kind, replicas in variants[shift:] + variants[:shift]:

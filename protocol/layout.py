@@ -38,7 +38,7 @@ COMPLETED = "COMPLETED"
 TRAINER_DIR = "trainer"
 TQ_DIR = "tq"
 PARTICIPANTS_DIR = "participants"
-TQ_STAGING = f"{TQ_DIR}/staging.msgpack"  # the staging rows every saved turn references
+TQ_STAGING = f"{TQ_DIR}/staging.msgpack"  # the staging rows every saved turn references (shard 0's)
 AGENT_ROLLOUTS = "rollouts.msgpack"  # an agent's saved rollouts, in its participant directory
 
 SNAPSHOT_PREFIX = "snapshot_"
@@ -72,9 +72,10 @@ def tmp_dir_name(checkpoint_id: str) -> str:
 
 def participant_parts(role: str, replica: int) -> tuple[str, ...]:
     """Where a participant's records go inside a snapshot directory. TQ's rows sit at the top level
-    (``tq/``), beside the ledger they are cut with; every other participant has its own directory."""
+    (``tq/``, and shard ``n`` > 0 of a sharded TQ in ``tq/<n>/``), beside the ledger they are cut with;
+    every other participant has its own directory."""
     if role == TQ_DIR:
-        return (TQ_DIR,)
+        return (TQ_DIR,) if replica == 0 else (TQ_DIR, str(replica))
     return (PARTICIPANTS_DIR, role, str(replica))
 
 
@@ -84,13 +85,14 @@ def participant_dir(role: str, replica: int) -> PurePosixPath:
 
 
 def writer_of(path: str) -> str:
-    """Who wrote a snapshot file: ``participants/agent/0/x`` -> ``agent/0``; ``tq/x`` -> ``tq/0``; the
-    ledger (and anything else at the top) -> ``controller/0``."""
+    """Who wrote a snapshot file: ``participants/agent/0/x`` -> ``agent/0``; ``tq/x`` -> ``tq/0``;
+    ``tq/2/x`` -> ``tq/2``; the ledger (and anything else at the top) -> ``controller/0``."""
     parts = path.split("/")
     if parts[0] == PARTICIPANTS_DIR and len(parts) >= 4:
         return f"{parts[1]}/{parts[2]}"
     if parts[0] == TQ_DIR:
-        return f"{TQ_DIR}/0"
+        shard = parts[1] if len(parts) >= 3 and parts[1].isascii() and parts[1].isdigit() else "0"
+        return f"{TQ_DIR}/{shard}"
     return "controller/0"
 
 

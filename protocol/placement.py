@@ -27,12 +27,34 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
+def _hashed(rollout_id: str, count: int, salt: bytes) -> int:
+    if count <= 1:
+        return 0
+    digest = hashlib.sha256(salt + rollout_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
 def policy_of(rollout_id: str, policies: int) -> int:
     """The policy replica a rollout's model calls go to: the same in every process and run."""
-    if policies <= 1:
-        return 0
-    digest = hashlib.sha256(rollout_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % policies
+    return _hashed(rollout_id, policies, b"")
+
+
+def tq_of(rollout_id: str, shards: int) -> int:
+    """The TQ shard that holds a rollout's rows (staging, canonical, lineage) and takes its seal."""
+    return _hashed(rollout_id, shards, b"tq\x1f")
+
+
+def tq_address(rollout_id: str, shards: int) -> str:
+    """``tq/<shard>`` of a rollout."""
+    return f"tq/{tq_of(rollout_id, shards)}"
+
+
+def by_tq_shard(rollout_ids: Iterable[str], shards: int) -> dict[int, tuple[str, ...]]:
+    """Rollout ids grouped by their TQ shard, in their order (shards with none left out)."""
+    grouped: dict[int, list[str]] = {}
+    for rollout_id in rollout_ids:
+        grouped.setdefault(tq_of(rollout_id, shards), []).append(rollout_id)
+    return {shard: tuple(ids) for shard, ids in sorted(grouped.items())}
 
 
 class PlacementError(ValueError):

@@ -188,10 +188,12 @@ def start(
 
 def service_roles(config: RunConfig) -> list[tuple[str, int]]:
     """The ``parkway actor`` processes a configuration's workload needs, as (role, replica), in the
-    order to start them: TQ, the policy replicas, the tool servers, the agents, and the trainer when it is a
+    order to start them: TQ's shards, the policy replicas, the tool servers, the agents, and the trainer when it is a
     service (``trainer.host: service``; inline, the controller's process hosts it)."""
     topology = config.topology
-    started = [("tq", 0)] + [("policy", i) for i in range(topology.policies)]
+    started = [("tq", i) for i in range(topology.tq_shards)] + [
+        ("policy", i) for i in range(topology.policies)
+    ]
     started += [("resources", i) for i in range(topology.resources)]
     started += [("agent", i) for i in range(topology.agents)]
     if config.trainer.host == "service":

@@ -56,7 +56,8 @@ class RabbitCluster:
         result = self.nodes[via].ctl("eval", "rabbit_nodes:all_running().")
         if result.returncode != 0:
             raise BrokerNodeError(f"cannot read the running nodes: {result.stderr[-2000:]}")
-        return re.findall(r"'([^']+)'", result.stdout)  # an Erlang list of quoted atoms, maybe wrapped
+        # An Erlang list of atoms, maybe wrapped: quoted ('a-b@host') or not (ab@host).
+        return [a or b for a, b in re.findall(r"'([^']+)'|([\w.]+@[\w.-]+)", result.stdout)]
 
     def stop_node(self, index: int) -> None:
         """Stop node ``index``'s broker (its clients' connections drop); its data and membership stay."""

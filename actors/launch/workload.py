@@ -62,6 +62,7 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             "keep_prefixes": config.recovery.target_level == "prefix",
             "progress_interval_s": policy.progress_interval_s,
             "prefetch": data_prefetch(config),
+            "tq_shards": config.topology.tq_shards,
         }
     if role == Role.RESOURCES:
         return {
@@ -71,7 +72,11 @@ def role_options(role: str, config: RunConfig | None) -> dict[str, Any]:
             **actor_options(role, config),
         }
     if role == Role.TRAINER:
-        return {"kind": config.trainer.kind, "options": dict(config.trainer.options)}
+        return {
+            "kind": config.trainer.kind,
+            "options": dict(config.trainer.options),
+            "tq_shards": config.topology.tq_shards,
+        }
     return actor_options(role, config)
 
 
@@ -101,7 +106,7 @@ def embedded_actors(
     keyring = as_keyring(credentials, broker.run)
     actors: list[Actor] = []
     layout = [
-        (Role.TQ, 1),
+        (Role.TQ, config.topology.tq_shards),
         (Role.POLICY, config.topology.policies),
         (Role.RESOURCES, config.topology.resources),
         (Role.AGENT, config.topology.agents),

@@ -53,6 +53,7 @@ from parkway.protocol.messages import (
     StagingRow,
     WeightsLoaded,
 )
+from parkway.protocol.placement import tq_address
 
 log = structlog.get_logger("parkway.policy")
 
@@ -69,7 +70,7 @@ class Policy(Participant):
         engine_host: str = "ray",
         engines: int = 1,
         placement: RayPlacement | None = None,
-        tq_address: str = "tq/0",
+        tq_shards: int = 1,
         keep_prefixes: bool = False,
         progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S,
         **kwargs: Any,
@@ -77,7 +78,7 @@ class Policy(Participant):
         super().__init__(*args, **kwargs)
         self.engine_spec = engine or EngineSpec()
         self.pool = EnginePool(self.engine_spec, host=engine_host, replicas=engines, placement=placement)
-        self.tq_address = tq_address
+        self.tq_shards = tq_shards  # a row goes to its rollout's shard (``placement.tq_of``)
         self.policy_version = 0  # set by the controller when weights change; stamped on every call
         self._stopping = asyncio.Event()
         self._generating: dict[str, tuple[str, int]] = {}  # request id -> (rollout id, attempt)
@@ -175,7 +176,9 @@ class Policy(Participant):
         )
         try:
             await self.client.send(
-                self.tq_address, Rows(rows=(row,), epoch=call.epoch), correlation_id=request_id
+                tq_address(call.rollout_id, self.tq_shards),
+                Rows(rows=(row,), epoch=call.epoch),
+                correlation_id=request_id,
             )
         except BrokerError as exc:
             raise ProtocolError(

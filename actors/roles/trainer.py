@@ -38,6 +38,7 @@ from parkway.protocol.messages import (
     TrainerAt,
     TrainerSync,
 )
+from parkway.protocol.placement import by_tq_shard
 from parkway.protocol.training import StepRecord, transcript_digest
 
 log = structlog.get_logger("parkway.trainer")
@@ -62,7 +63,7 @@ class TrainerActor(Actor):
         kind: str = "example",
         options: dict[str, Any] | None = None,
         records_dir: Path | None = None,
-        tq_address: str = "tq/0",
+        tq_shards: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -72,7 +73,7 @@ class TrainerActor(Actor):
         if trainer is None:
             trainer = plugins.check_trainer(plugins.resolve(plugins.Kind.TRAINER, kind), dict(options or {}))
         self.trainer = trainer
-        self.tq_address = tq_address
+        self.tq_shards = tq_shards  # a rollout's rows are on its shard (``placement.tq_of``)
         self._initial = trainer.state()  # step 0: what a sync back to the start loads
         if records_dir is None and self.state_dir is not None:
             records_dir = self.state_dir / layout.TRAINER_STEPS_DIR
@@ -160,21 +161,23 @@ class TrainerActor(Actor):
 
     async def _fetch(self, command: Train) -> list[GroupResult]:
         sealed = tuple(r for g in command.groups for r in g.sealed)
-        reply = await self.client.call(
-            self.tq_address,
-            FetchRows(rollout_ids=sealed),
-            # A read: a fresh id each time, or TQ's reply cache would answer a retry with the old rows.
-            correlation_id=f"fetch-{command.session}-s{command.step}-{secrets.token_hex(4)}",
-            timeout=FETCH_TIMEOUT_S,
-        )
-        if not isinstance(reply, CanonicalRows):
-            raise ProtocolError(ErrorCode.INTERNAL, f"TQ answered FetchRows with {type(reply).__name__}")
-        if reply.missing:  # retryable: the controller sends the step again
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE,
-                f"TQ lacks canonical rows of sealed rollouts: {', '.join(reply.missing)}",
+        rows: dict[str, CanonicalRow] = {}
+        for shard, rollout_ids in by_tq_shard(sealed, self.tq_shards).items():  # each from its shard
+            reply = await self.client.call(
+                f"tq/{shard}",
+                FetchRows(rollout_ids=rollout_ids),
+                # A read: a fresh id each time, or TQ's reply cache would answer a retry with old rows.
+                correlation_id=f"fetch-{command.session}-s{command.step}-{secrets.token_hex(4)}",
+                timeout=FETCH_TIMEOUT_S,
             )
-        rows = {row.rollout_id: row for row in reply.rows}
+            if not isinstance(reply, CanonicalRows):
+                raise ProtocolError(ErrorCode.INTERNAL, f"TQ answered FetchRows with {type(reply).__name__}")
+            if reply.missing:  # retryable: the controller sends the step again
+                raise ProtocolError(
+                    ErrorCode.UNAVAILABLE,
+                    f"tq/{shard} lacks canonical rows of sealed rollouts: {', '.join(reply.missing)}",
+                )
+            rows.update((row.rollout_id, row) for row in reply.rows)
         return [
             GroupResult(g.group_id, g.task_index, tuple(rows[r] for r in g.sealed), g.failed)
             for g in command.groups

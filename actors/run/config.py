@@ -136,6 +136,7 @@ class TopologyConfig(_Section, frozen=True):
     agents: int = 2
     resources: int = 2
     policies: int = 1  # policy replicas; a rollout's calls all go to one (protocol/placement.py)
+    tq_shards: int = 1  # TQ processes, each holding the rows of the rollouts that hash to it
 
 
 class CommandConfig(_Section, frozen=True):
@@ -262,6 +263,7 @@ def check(config: RunConfig) -> None:
         ("topology.agents", config.topology.agents),
         ("topology.resources", config.topology.resources),
         ("topology.policies", config.topology.policies),
+        ("topology.tq_shards", config.topology.tq_shards),
         ("trainer.batch_groups", config.trainer.batch_groups),
         ("keep_latest_k", config.keep_latest_k),
     ):

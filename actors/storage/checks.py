@@ -32,6 +32,7 @@ from parkway.protocol.layout import (
     MANIFEST,
     PARTICIPANTS_DIR,
     RECORDS_SUFFIX,
+    TQ_DIR,
     TQ_STAGING,
     snapshot_dir_name,
 )
@@ -298,7 +299,7 @@ def check_snapshot(directory: Path) -> list[Problem]:
                 Problem(name, entry.path, Kind.RECORDS, f"holds {holds}, manifest says {entry.records}")
             )
 
-    if TQ_STAGING in decoded:
+    if any(path in decoded for path in staging_files(directory)):
         try:
             missing = missing_staging_keys(directory, only=intact)
         except Undecodable as exc:
@@ -311,7 +312,9 @@ def check_snapshot(directory: Path) -> list[Problem]:
                     name,
                     rollouts_file,
                     Kind.STAGING,
-                    f"references staging rows {TQ_STAGING} does not hold: {shown}",
+                    f"references staging rows TQ's {TQ_STAGING} does not hold: {shown}"
+                    if staging_files(directory) == [TQ_STAGING]
+                    else f"references staging rows no TQ shard's staging.msgpack holds: {shown}",
                 )
             )
     return problems
@@ -352,6 +355,16 @@ class Undecodable(Exception):
         self.path, self.reason = path, reason
 
 
+def staging_files(directory: Path) -> list[str]:
+    """TQ's staging rows files in a snapshot: ``tq/staging.msgpack`` and, of a sharded TQ, each other
+    shard's ``tq/<n>/staging.msgpack`` (relative paths)."""
+    shards = sorted(
+        (p for p in directory.glob(f"{TQ_DIR}/*/staging.msgpack") if p.parent.name.isdigit()),
+        key=lambda p: int(p.parent.name),
+    )
+    return [TQ_STAGING, *(p.relative_to(directory).as_posix() for p in shards)]
+
+
 def _decode(directory: Path, relative: str, kind: Any) -> Any:
     try:
         return msgspec.msgpack.decode((directory / relative).read_bytes(), type=kind)
@@ -385,7 +398,7 @@ def missing_staging_keys(
     needs of files whose digests it has just checked. Raises ``Undecodable``."""
     staging_type: Any = list[StagingRow] if strict else list[_StagingKey]
     rollouts_type: Any = list[SavedRollout] if strict else list[_RolloutKeys]
-    rows = _decode(directory, TQ_STAGING, staging_type)
+    rows = [row for path in staging_files(directory) for row in _decode(directory, path, staging_type)]
     # A row whose key no builder makes (TQ stores what a hostile client sent) is no saved turn's row.
     captured = {staging_key(r.capture_key, r.turn) for r in rows if r.capture_key and r.turn >= 0}
     missing: dict[str, list[str]] = {}

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
+from parkway.protocol.ids import parse_capture_key
 from parkway.protocol.layout import AGENT_ROLLOUTS
 from parkway.protocol.transcript import SavedRollout
 from structlog.testing import capture_logs
@@ -128,3 +129,37 @@ async def test_policy_replicas_share_the_calls_and_generate_what_one_would(tmp_p
     assert sorted(three.model_calls_by_policy) == ["policy/0", "policy/1", "policy/2"]
     assert all(calls > 0 for calls in three.model_calls_by_policy.values())
     assert sum(three.model_calls_by_policy.values()) == three.model_calls == one.model_calls
+
+
+async def test_tq_shards_hold_each_rollouts_rows_and_snapshot_and_restore_them(tmp_path: Path) -> None:
+    """Three TQ shards: every staging row goes to its rollout's shard, each shard's cut is in every
+    snapshot (``tq/``, ``tq/1/``, ``tq/2/``), a snapshot verifies with the rows spread over them, and
+    a crash after the second snapshot restores each shard's rows: transcripts as one TQ's."""
+    from parkway.actors.storage.checks import missing_staging_keys, staging_files
+    from parkway.actors.storage.select import verify_snapshot
+    from parkway.protocol.placement import tq_of
+    from parkway.protocol.rows import StagingRow
+
+    sharded = {**BASE, "run": "sharded", "topology": {"agents": 2, "resources": 2, "tq_shards": 3}}
+    one = await embedded_run(BASE, tmp_path / "one", snapshots=False)
+    state = tmp_path / "sharded"
+    with pytest.raises(SimulatedCrash):
+        await embedded_run(sharded, state, stop_after=2)
+    snapshot = sorted((state / "snapshots" / "sharded").glob("snapshot_*"))[-1]
+    manifest = json.loads((snapshot / "manifest.json").read_text())
+    assert manifest["replicas"]["tq"] == 3
+    assert staging_files(snapshot) == ["tq/staging.msgpack", "tq/1/staging.msgpack", "tq/2/staging.msgpack"]
+    held = {}
+    for shard, path in enumerate(staging_files(snapshot)):
+        rows = msgspec.msgpack.decode((snapshot / path).read_bytes(), type=list[StagingRow])
+        assert all(tq_of(parse_capture_key(r.capture_key)[0], 3) == shard for r in rows)  # its own only
+        held[shard] = len(rows)
+    assert all(held.values()), f"every shard must hold rows, or this proves less: {held}"
+    verify_snapshot(snapshot)  # every file and every staging row an agent saved, across the shards
+    assert missing_staging_keys(snapshot) == {}
+
+    resumed = await embedded_run(sharded, state)
+    assert resumed.restores == 1 and resumed.rollouts_restored == len(manifest["episodes"]) > 0
+    assert resumed.rollouts_sealed == 12 and resumed.rollouts_failed == 0 and resumed.mean_reward == 1.0
+    assert resumed.transcripts_sha256 == one.transcripts_sha256
+    assert resumed.turns_regenerated <= resumed.rollouts_restored

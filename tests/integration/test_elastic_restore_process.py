@@ -87,3 +87,52 @@ async def test_a_snapshot_of_two_and_two_continues_on_another_topology(
     assert set(summary["rollouts_by_agent"]) <= {f"agent/{i}" for i in range(agents)}
     assert set(summary["tool_calls_by_resources"]) <= {f"resources/{i}" for i in range(resources)}
     assert set(summary["model_calls_by_policy"]) == {f"policy/{i}" for i in range(policies)}, out
+
+
+async def test_two_tq_shards_and_two_policy_replicas_survive_a_sigkill(
+    spawn, client, amqp_url, run_name, tmp_path
+) -> None:
+    """No singletons: two TQ shards and two policy replicas, each its own process. The cluster is
+    SIGKILLed right after a snapshot holding rollouts mid-flight and comes back the same: each shard's
+    rows and each replica's cut restored, every rollout sealed once, transcripts as one TQ and one
+    policy would have made them."""
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(
+        CONFIG.replace(
+            "topology: {agents: 2, resources: 2}",
+            "topology: {agents: 2, resources: 2, policies: 2, tq_shards: 2}",
+        )
+    )
+    reference = await reference_digest(config_path, tmp_path)
+    roles = [("tq", 0), ("tq", 1), ("policy", 0), ("policy", 1), *ROLES[2:]]
+
+    async def start() -> list:
+        actors = [spawn(role, replica, args=("--config", str(config_path))) for role, replica in roles]
+        for actor in actors:
+            await wait_ready(client, actor, timeout=60)
+        return actors
+
+    first = await start()
+    driver = start_driver(config_path, run_name, state := tmp_path / "state", amqp_url, faults=CRASH_FAULTS)
+    snapshot = await asyncio.to_thread(
+        crash_at, driver, state / "snapshots" / run_name, lambda s: bool(saved_by_agent(s)), "rollouts"
+    )
+    for actor in first:
+        actor.kill()
+    manifest = json.loads((snapshot / "manifest.json").read_text())
+    assert manifest["replicas"] == {"agent": 2, "policy": 2, "resources": 2, "tq": 2}
+    assert (snapshot / "tq" / "staging.msgpack").is_file() and (
+        snapshot / "tq" / "1" / "staging.msgpack"
+    ).is_file()
+
+    await start()
+    driver = start_driver(config_path, run_name, state, amqp_url)
+    out, err = await asyncio.to_thread(driver.communicate, timeout=240)
+    assert driver.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["restores"] == 1 and summary["rollouts_restored"] == len(manifest["episodes"]) > 0
+    assert summary["rollouts_sealed"] == summary["rollouts_expected"] == 6 and summary["rollouts_failed"] == 0
+    assert summary["mean_reward"] == 1.0 and summary["tool_mutations_duplicated"] == 0
+    assert summary["turns_regenerated"] <= summary["rollouts_restored"]
+    assert summary["transcripts_sha256"] == reference
+    assert set(summary["model_calls_by_policy"]) == {"policy/0", "policy/1"}

@@ -89,3 +89,19 @@ def test_each_saved_policy_replica_is_taken_over_by_exactly_one_live_one() -> No
         for rollout in origin:  # a restored rollout's calls go to whoever took over its saved replica
             saved_replica = policy_of(rollout, saved_n)
             assert saved_replica in placement.policy_sources(placement.on_policy(rollout))
+
+
+def test_tq_shards_group_rollouts_by_their_hash() -> None:
+    from parkway.protocol import layout
+    from parkway.protocol.placement import by_tq_shard, tq_address, tq_of
+
+    ids = [f"t{i:04d}_g{j}" for i in range(30) for j in range(3)]
+    grouped = by_tq_shard(ids, 3)
+    assert sorted(r for rs in grouped.values() for r in rs) == sorted(ids)
+    assert all(tq_of(r, 3) == shard for shard, rs in grouped.items() for r in rs)
+    assert set(grouped) == {0, 1, 2} and by_tq_shard(ids, 1) == {0: tuple(ids)}
+    assert tq_address(ids[0], 1) == "tq/0"
+    # Shard 0 writes where one TQ always did; the others in a folder of their own beneath it.
+    assert layout.participant_parts("tq", 0) == ("tq",) and layout.participant_parts("tq", 2) == ("tq", "2")
+    assert layout.writer_of("tq/staging.msgpack") == "tq/0"
+    assert layout.writer_of("tq/2/staging.msgpack") == "tq/2"

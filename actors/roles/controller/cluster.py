@@ -27,7 +27,7 @@ log = structlog.get_logger("parkway.controller")
 
 def participant_addresses(config: RunConfig) -> list[str]:
     return [
-        "tq/0",
+        *(actor_address(Role.TQ, i) for i in range(config.topology.tq_shards)),
         *(actor_address(Role.POLICY, i) for i in range(config.topology.policies)),
         *(actor_address(Role.RESOURCES, i) for i in range(config.topology.resources)),
         *(actor_address(Role.AGENT, i) for i in range(config.topology.agents)),

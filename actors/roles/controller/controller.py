@@ -293,7 +293,10 @@ class Controller(Actor):
         stop_after_snapshots: int | None,
     ) -> RunSummary:
         self.retirement.resources = config.topology.resources
-        self.retirement.policies = config.topology.policies
+        self.retirement.policies, self.retirement.tq_shards = (
+            config.topology.policies,
+            config.topology.tq_shards,
+        )
         self.forgetting.bound_by(config.rollout.max_in_flight)
         dispatcher = Dispatcher(
             client=self.client,

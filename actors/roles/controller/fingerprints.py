@@ -40,7 +40,7 @@ def config_fingerprint(config: RunConfig) -> str:
 def replica_count(config: RunConfig, role: Role) -> int:
     """How many replicas of a participant role the configuration runs."""
     return {
-        Role.TQ: 1,
+        Role.TQ: config.topology.tq_shards,
         Role.POLICY: config.topology.policies,
         Role.RESOURCES: config.topology.resources,
         Role.AGENT: config.topology.agents,

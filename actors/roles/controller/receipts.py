@@ -21,6 +21,7 @@ from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Receipt, RolloutSealed
 from parkway.protocol.ledger import SealOutcome
 from parkway.protocol.messages import AttemptRef, Completed, Error, Failed, SealRows
+from parkway.protocol.placement import tq_address
 
 FAILED_PREFIX = "failed:"  # ``failed:<code>``: attempts failed with that code (the run's, kept in the anchor)
 
@@ -198,7 +199,10 @@ class Receipts:
         for delay in (0.0, 0.05, 0.2, 0.5, 1.0, 2.0):  # staging rows may still be on their way to TQ
             await asyncio.sleep(delay)
             reply = await self._client.request(
-                "tq/0", request, correlation_id=f"seal:{receipt.capture_key}", deadline=time.time() + 30
+                tq_address(receipt.rollout_id, self._retirement.tq_shards),  # the shard of its rows
+                request,
+                correlation_id=f"seal:{receipt.capture_key}",
+                deadline=time.time() + 30,
             )
             if not isinstance(reply, Error):
                 return True

@@ -39,6 +39,7 @@ class Retirement:
         # How many resources replicas a fence goes to; None before a run starts (nothing to fence).
         self.resources: int | None = None
         self.policies = 1
+        self.tq_shards = 1
         # Attempts that ended without a fence (lost with an agent process, or failed on their agent):
         # fenced everywhere before anything is dispatched again, so no stale copy of one of their
         # calls (requeued by a broker restart, resent by a client) is served once attempt N+1 exists.
@@ -96,7 +97,8 @@ class Retirement:
         )
         resources = [actor_address(Role.RESOURCES, i) for i in range(self.resources)]
         policies = [actor_address(Role.POLICY, i) for i in range(self.policies)]
-        for address in (*policies, *resources, "tq/0"):
+        shards = [actor_address(Role.TQ, i) for i in range(self.tq_shards)]
+        for address in (*policies, *resources, *shards):
             try:
                 reply = await retrying(
                     functools.partial(self._client.request, address, command),

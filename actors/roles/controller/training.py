@@ -43,6 +43,7 @@ from parkway.protocol.messages import (
     TrainGroup,
     WeightsLoaded,
 )
+from parkway.protocol.placement import by_tq_shard
 from parkway.protocol.signing import Keyring
 from parkway.protocol.snapshot import SnapshotFailure
 from parkway.protocol.training import InTraining, train_correlation_id
@@ -73,6 +74,7 @@ async def inline_trainer(
         kind=config.trainer.kind,
         options=dict(config.trainer.options),
         state_dir=state_dir,
+        tq_shards=config.topology.tq_shards,
     )
     await actor.start()
     return actor
@@ -225,9 +227,10 @@ class TrainingHook:
         )
         # TQ keeps rows until the trainer consumed them: after this, a snapshot no longer carries
         # them, so what a snapshot writes stays the rows of unfinished work, however long the run.
-        await self._client.call(
-            "tq/0", ReleaseRows(rollout_ids=consumed), correlation_id=f"release:{batch.groups[0]}"
-        )
+        for shard, rollouts in by_tq_shard(consumed, self._config.topology.tq_shards).items():
+            await self._client.call(
+                f"tq/{shard}", ReleaseRows(rollout_ids=rollouts), correlation_id=f"release:{batch.groups[0]}"
+            )
 
     async def load_weights(self, directory: str, policy_version: int, *, locked: bool = False) -> None:
         """The policy loads the step's weights before any rollout is dispatched with its version. Not
