@@ -101,6 +101,34 @@ async def test_status_lists_each_actor(spawn, client, amqp_url, run_name, tmp_pa
     assert result.returncode == 1
 
 
+async def test_status_of_a_configuration_lists_its_shards_and_replicas(
+    spawn, client, amqp_url, run_name, tmp_path
+) -> None:
+    """``--config``: every actor of the run's topology, the second TQ shard and policy replica too."""
+    actors = [spawn("tq", 1), spawn("policy", 1)]
+    for actor in actors:
+        await wait_ready(client, actor)
+    config = tmp_path / "run.yaml"
+    config.write_text("topology: {agents: 1, resources: 1, policies: 2, tq_shards: 2}\n")
+    result = await asyncio.to_thread(
+        parkway,
+        "status",
+        "--config",
+        str(config),
+        "--json",
+        "--timeout",
+        "1",
+        "--window",
+        "0",
+        **run_variables(run_name, tmp_path / "cli", PARKWAY_BROKER_URL=amqp_url),
+    )
+    rows = {row["address"]: row for row in json.loads(result.stdout)}
+    assert set(rows) == {"tq/0", "tq/1", "policy/0", "policy/1", "resources/0", "agent/0", "controller/0"}
+    assert rows["tq/1"]["reachable"] and rows["tq/1"]["pid"] == actors[0].pid
+    assert rows["policy/1"]["reachable"] and rows["policy/1"]["pid"] == actors[1].pid
+    assert not rows["tq/0"]["reachable"] and result.returncode == 1  # not started: said so
+
+
 async def test_status_finds_actors_by_heartbeat_and_shows_a_dead_ones_last_beat(
     spawn, client, amqp_url, run_name, tmp_path
 ) -> None:

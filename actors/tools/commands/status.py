@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from parkway.actors.launch.roles import DEFAULT_TOPOLOGY
+from parkway.actors.run.config import RunConfig, load
 from parkway.actors.runtime.client import Client
-from parkway.actors.runtime.settings import RunSettings
+from parkway.actors.runtime.settings import RunSettings, SettingsError
 from parkway.actors.tools import status as cluster_status
 from parkway.actors.tools.commands.options import (
     Subcommands,
@@ -30,7 +32,14 @@ def add_status(sub: Subcommands) -> None:
     )
     common(p)
     p.add_argument(
-        "--topology", default=topology_text(DEFAULT_TOPOLOGY), help="actors to ask even without a heartbeat"
+        "--topology",
+        default=None,
+        help=f"actors to ask even without a heartbeat ({topology_text(DEFAULT_TOPOLOGY)})",
+    )
+    p.add_argument(
+        "--config",
+        help="ask every actor of this run configuration's topology (its TQ shards, policy replicas, "
+        "tool servers, agents, the controller, a trainer service) instead of --topology",
     )
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each actor's answer")
     p.add_argument(
@@ -43,7 +52,12 @@ def add_status(sub: Subcommands) -> None:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run)
-    asked = addresses(parse_topology(args.topology))
+    if args.config and args.topology:
+        raise SettingsError("give --config or --topology, not both")
+    if args.config:
+        asked = addresses(config_topology(load(Path(args.config))))
+    else:
+        asked = addresses(parse_topology(args.topology or topology_text(DEFAULT_TOPOLOGY)))
 
     async def once(broker: Broker, client: Client) -> list[dict[str, Any]]:
         beats = await cluster_status.last_heartbeats(broker, window_s=args.window) if args.window > 0 else {}
@@ -68,3 +82,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return asyncio.run(go())
     except KeyboardInterrupt:
         return 0
+
+
+def config_topology(config: RunConfig) -> dict[str, int]:
+    """Every actor a run configuration's workload has, by role."""
+    t = config.topology
+    topology = {"tq": t.tq_shards, "policy": t.policies, "resources": t.resources, "agent": t.agents}
+    topology["controller"] = 1
+    if config.trainer.host == "service":
+        topology["trainer"] = 1
+    return topology
