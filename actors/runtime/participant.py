@@ -351,7 +351,14 @@ class Participant(Actor):
         # work (no staging row, no mutation). The controller fences the restored timeline's dead
         # attempts right after; replies to control commands stay (a resent command gets its answer).
         directory = self.participant_dir(command.location)
-        check_sources(command, role=self.role, replica=self.replica, takes_over=self.takes_over_replicas)
+        run_dir = directory.parents[len(self.snapshot_parts())]  # checked to be inside it, above
+        check_sources(
+            command,
+            role=self.role,
+            replica=self.replica,
+            takes_over=self.takes_over_replicas,
+            run_dir=run_dir,
+        )
         try:
             rollouts = await self.install_snapshot(directory, command)
         except (

@@ -28,10 +28,16 @@ def inside(snapshot_root: Path | None, run: str, location: str, parts: tuple[str
     return directory
 
 
-def check_sources(command: Restore, *, role: str, replica: int, takes_over: bool) -> None:
-    """A role whose records are not per rollout (TQ, the policy) restores only its own."""
+def check_sources(command: Restore, *, role: str, replica: int, takes_over: bool, run_dir: Path) -> None:
+    """A role whose records are not per rollout (TQ, the policy) restores only its own; a restore that
+    reads no replica's records (an agent with nothing to take over) still names a snapshot that is
+    there, so a stray Restore cannot empty a participant."""
     if not takes_over and command.sources is not None and set(command.sources) != {replica}:
         raise ProtocolError(
             ErrorCode.INVALID_MESSAGE,
             f"a {role} restores only its own records, not replicas {list(command.sources)}",
+        )
+    if command.sources == () and not (run_dir / command.location).is_dir():
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE, f"{command.location} cannot be restored: no such snapshot in {run_dir}"
         )

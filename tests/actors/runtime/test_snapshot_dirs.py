@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -15,18 +16,21 @@ def restore(sources: tuple[int, ...] | None) -> Restore:
     return Restore(checkpoint_id="rs-1", deadline=time.time() + 10, location="snapshot_3", sources=sources)
 
 
-def test_a_role_that_cannot_take_over_reads_only_its_own() -> None:
+def test_a_role_that_cannot_take_over_reads_only_its_own(tmp_path: Path) -> None:
     for sources in (None, (1,)):
-        check_sources(restore(sources), role="policy", replica=1, takes_over=False)
+        check_sources(restore(sources), role="policy", replica=1, takes_over=False, run_dir=tmp_path)
     with pytest.raises(ProtocolError) as refused:
-        check_sources(restore((0, 1)), role="policy", replica=1, takes_over=False)
+        check_sources(restore((0, 1)), role="policy", replica=1, takes_over=False, run_dir=tmp_path)
     assert refused.value.code is ErrorCode.INVALID_MESSAGE
     assert "a policy restores only its own records, not replicas [0, 1]" in str(refused.value)
 
 
-def test_an_agent_takes_over_any_or_none() -> None:
+def test_an_agent_takes_over_any_or_none_of_a_snapshot_that_is_there(tmp_path: Path) -> None:
+    with pytest.raises(ProtocolError, match="snapshot_3 cannot be restored: no such snapshot"):
+        check_sources(restore(()), role="agent", replica=1, takes_over=True, run_dir=tmp_path)
+    (tmp_path / "snapshot_3").mkdir()
     for sources in (None, (), (0, 1, 2)):
-        check_sources(restore(sources), role="agent", replica=1, takes_over=True)
+        check_sources(restore(sources), role="agent", replica=1, takes_over=True, run_dir=tmp_path)
 
 
 def test_sources_are_checked_at_the_edge() -> None:
