@@ -163,3 +163,21 @@ async def test_tq_shards_hold_each_rollouts_rows_and_snapshot_and_restore_them(t
     assert resumed.rollouts_sealed == 12 and resumed.rollouts_failed == 0 and resumed.mean_reward == 1.0
     assert resumed.transcripts_sha256 == one.transcripts_sha256
     assert resumed.turns_regenerated <= resumed.rollouts_restored
+
+
+@pytest.mark.parametrize("level", ["sibling", "prompt_group"])
+async def test_levels_that_keep_no_turns_restore_onto_another_topology_too(
+    tmp_path: Path, level: str
+) -> None:
+    """Nothing continues: every running rollout (or its whole group) starts again from its prompt, on
+    the live agents (a saved agent that is gone is nobody's to run them on)."""
+    base = {**BASE, "recovery": {"target_level": level}}
+    reference = await embedded_run(base, tmp_path / "reference", snapshots=False)
+    state = tmp_path / "crashy"
+    with pytest.raises(SimulatedCrash):
+        await embedded_run(base, state, stop_after=2)
+    resumed = await embedded_run({**base, "topology": {"agents": 1, "resources": 3, "policies": 2}}, state)
+    assert resumed.restores == 1 and resumed.rollouts_restored == 0
+    assert resumed.rollouts_sealed == 12 and resumed.rollouts_failed == 0 and resumed.mean_reward == 1.0
+    assert resumed.transcripts_sha256 == reference.transcripts_sha256  # same seeds, same tokens
+    assert set(resumed.rollouts_by_agent) == {"agent/0"}

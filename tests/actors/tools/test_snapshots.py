@@ -90,6 +90,7 @@ def test_show_by_checkpoint_id(state: Path) -> None:
     assert shown["episodes"] == manifest["episodes"]
     assert shown["config_fingerprint"] == manifest["config_fingerprint"]
     assert shown["topology_fingerprint"] == manifest["topology_fingerprint"]
+    assert shown["replicas"] == manifest["replicas"] == {"agent": 2, "policy": 1, "resources": 2, "tq": 1}
     files = {f["path"]: who for who, group in shown["participants"].items() for f in group}
     assert files == {
         e["path"]: (
@@ -107,6 +108,7 @@ def test_show_by_checkpoint_id(state: Path) -> None:
     assert text.returncode == 0, text.stderr
     assert f"checkpoint id         {manifest['checkpoint_id']}" in text.stdout.splitlines()
     assert f"episodes saved ({len(manifest['episodes'])}): " in text.stdout
+    assert "replicas              agent=2 policy=1 resources=2 tq=1" in text.stdout.splitlines()
 
 
 def test_verify_says_exactly_what_is_wrong(state: Path) -> None:
