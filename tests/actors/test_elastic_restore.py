@@ -181,3 +181,39 @@ async def test_levels_that_keep_no_turns_restore_onto_another_topology_too(
     assert resumed.rollouts_sealed == 12 and resumed.rollouts_failed == 0 and resumed.mean_reward == 1.0
     assert resumed.transcripts_sha256 == reference.transcripts_sha256  # same seeds, same tokens
     assert set(resumed.rollouts_by_agent) == {"agent/0"}
+
+
+async def test_a_continued_rollout_no_agent_found_aborts_the_restore(tmp_path: Path, monkeypatch) -> None:
+    """An agent that comes back without one of the rollouts it was told to continue (its records lack
+    it): the restore is aborted everywhere, never resumed with a hole in it."""
+    from parkway.actors.roles.agent import Agent
+    from parkway.actors.runtime.participant import Participant
+    from parkway.protocol.messages import Abort, Resume
+
+    state = tmp_path / "holey"
+    with pytest.raises(SimulatedCrash):
+        await embedded_run(BASE, state, stop_after=2)
+    install = Agent.install_snapshot
+
+    async def loses_one(self: Agent, directory: Path, command: object) -> tuple:
+        restored = await install(self, directory, command)  # type: ignore[arg-type]
+        return restored[1:]  # as if its records had lacked the first
+
+    seen: list[tuple[str, str]] = []
+    on_abort, on_resume = Participant.on_abort, Participant.on_resume
+
+    async def count_abort(self: Participant, command: Abort):
+        seen.append((self.address, "abort"))
+        return await on_abort(self, command)
+
+    async def count_resume(self: Participant, command: Resume):
+        seen.append((self.address, "resume"))
+        return await on_resume(self, command)
+
+    monkeypatch.setattr(Agent, "install_snapshot", loses_one)
+    monkeypatch.setattr(Participant, "on_abort", count_abort)
+    monkeypatch.setattr(Participant, "on_resume", count_resume)
+    with pytest.raises(Exception, match="no agent restored"):
+        await embedded_run({**BASE, "topology": {"agents": 3, "resources": 1}}, state)
+    assert not [s for s in seen if s[1] == "resume"]
+    assert {a for a, kind in seen if kind == "abort"} >= {"agent/0", "agent/1", "resources/0", "policy/0"}

@@ -67,7 +67,7 @@ class RestoreAttempt:
     scope: contextlib.ExitStack  # the log context of the restore's id, from the moment it has one
     restore_id: str = ""
     path: Path = Path()  # the snapshot restored
-    saved_topology: Topology | None = None  # its agents and tool servers (None: an older snapshot)
+    saved_topology: Topology | None = None  # its agents, tool servers, policies (None: an older one)
     manifest: Manifest | None = None
     deadline: float = 0.0
     continuation: Continuation | None = None
@@ -201,8 +201,8 @@ class RestoreSequence:
         )
 
     async def discover(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
-        """The live topology must be the snapshot's, but for its numbers of agents and tool servers
-        (a snapshot older than that check is restored only onto its own)."""
+        """The live topology must be the snapshot's, but for its numbers of agents, tool servers and
+        policy replicas (a snapshot older than the manifest's ``replicas`` only onto its own)."""
         assert attempt.manifest is not None
         capabilities = []
         for stage in stages:
@@ -283,8 +283,13 @@ class RestoreSequence:
         missing = {(e.rollout_id, e.attempt) for e in scope} - restored
         if missing:
             # Every continued rollout's transcript must have been found by the agent that runs it now
-            # (a snapshot whose agent records lack one is not restored with a hole in it).
-            raise SnapshotInvalid(f"{location}: no agent restored {sorted(missing)[:8]} ({len(missing)})")
+            # (a snapshot whose agent records lack one is not restored with a hole in it): the restore
+            # is aborted everywhere, like any participant's refusal in this step.
+            raise SnapshotFailure(
+                "restore",
+                f"{location}: no agent restored {sorted(missing)[:8]} ({len(missing)})",
+                transient=False,
+            )
 
     async def fence(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         fence = attempt.fence()
