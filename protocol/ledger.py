@@ -86,6 +86,9 @@ class Attempt:
     turns: int = 0
     failure: str | None = None
     continue_from: int | None = None  # after a restore: the saved attempt this one continues
+    # The policy replica its calls go to, when not the one its rollout id hashes to: after a restore
+    # onto another number of them, the replica that took over the saved prefix (protocol/placement.py).
+    policy: int | None = None
 
     def move(self, event: AttemptEvent) -> None:
         after = ATTEMPT_TRANSITIONS.get((self.state, event))

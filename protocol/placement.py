@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def _hashed(rollout_id: str, count: int, salt: bytes) -> int:
@@ -86,6 +86,9 @@ class Placement:
     live: Topology
     origin: Mapping[str, int]  # rollout id -> the agent replica that saved it
     agent: Mapping[str, int]  # rollout id -> the live agent replica that continues it
+    # rollout id -> the policy replica its calls went to, where not the one its id hashes to (pinned
+    # by an earlier restore onto another number of replicas)
+    policy_origin: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def elastic(self) -> bool:
@@ -110,21 +113,34 @@ class Placement:
     def on_tool_server(self, rollout_id: str) -> int:
         return self.live.tool_server_of(self.agent[rollout_id])
 
+    def saved_policy(self, rollout_id: str) -> int:
+        """The policy replica a running rollout's calls went to when the snapshot was taken."""
+        pinned = self.policy_origin.get(rollout_id)
+        return policy_of(rollout_id, self.saved.policies) if pinned is None else pinned
+
     def on_policy(self, rollout_id: str) -> int:
         """The live policy replica a restored rollout's calls go to: the one that took over the saved
-        replica its calls went to."""
-        return policy_of(rollout_id, self.saved.policies) % self.live.policies
+        replica its calls went to (which holds its kept prefix)."""
+        return self.saved_policy(rollout_id) % self.live.policies
 
     def policy_sources(self, replica: int) -> tuple[int, ...]:
         """The saved policy replicas live ``replica`` takes over (their prefixes and counts)."""
         return tuple(s for s in range(self.saved.policies) if s % self.live.policies == replica)
 
 
-def place(saved: Topology, live: Topology, origin: Mapping[str, int]) -> Placement:
-    """Every continued rollout's live agent: its own replica if it still exists, else the least loaded."""
+def place(
+    saved: Topology, live: Topology, origin: Mapping[str, int], policies: Mapping[str, int] | None = None
+) -> Placement:
+    """Every continued rollout's live agent: its own replica if it still exists, else the least loaded.
+    ``policies``: the rollouts whose calls went to another policy replica than their hash's."""
     for rollout, replica in origin.items():
         if not 0 <= replica < saved.agents:
             raise PlacementError(f"{rollout} was saved by agent {replica}, outside the snapshot's {saved}")
+    for rollout, replica in (policies or {}).items():
+        if not 0 <= replica < saved.policies:
+            raise PlacementError(
+                f"{rollout}'s calls went to policy {replica}, outside the snapshot's {saved}"
+            )
     load = [0] * live.agents
     agent: dict[str, int] = {}
     moved: list[str] = []
@@ -139,7 +155,9 @@ def place(saved: Topology, live: Topology, origin: Mapping[str, int]) -> Placeme
         least = min(range(live.agents), key=lambda i: (load[i], i))
         agent[rollout] = least
         load[least] += 1
-    return Placement(saved=saved, live=live, origin=dict(origin), agent=agent)
+    return Placement(
+        saved=saved, live=live, origin=dict(origin), agent=agent, policy_origin=dict(policies or {})
+    )
 
 
 def counts_of(replicas: Iterable[tuple[str, int]]) -> dict[str, int]:

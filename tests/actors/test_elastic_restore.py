@@ -17,6 +17,7 @@ import pytest
 from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
 from parkway.protocol.ids import parse_capture_key
 from parkway.protocol.layout import AGENT_ROLLOUTS
+from parkway.protocol.placement import policy_of
 from parkway.protocol.transcript import SavedRollout
 from structlog.testing import capture_logs
 
@@ -217,3 +218,36 @@ async def test_a_continued_rollout_no_agent_found_aborts_the_restore(tmp_path: P
         await embedded_run({**BASE, "topology": {"agents": 3, "resources": 1}}, state)
     assert not [s for s in seen if s[1] == "resume"]
     assert {a for a, kind in seen if kind == "abort"} >= {"agent/0", "agent/1", "resources/0", "policy/0"}
+
+
+async def test_a_rollout_pinned_by_one_restore_keeps_its_replica_through_the_next(tmp_path: Path) -> None:
+    """Restored from one policy replica onto three, a continued rollout's calls stay on replica 0 (the
+    one that took over its prefix), recorded in the ledger: crashed and restored again onto the same
+    three, its next kept prefix is found there, not regenerated on the replica its id hashes to."""
+    base = {
+        **BASE,
+        "recovery": {"target_level": "prefix"},
+        "policy": {"host": "inline", "per_token_delay_s": 0.0005, "filler_words": 40},
+        "rollout": {"group_size": 3, "max_turns": 6, "max_tokens": 900},
+    }
+    three = {**base, "topology": {"agents": 2, "resources": 2, "policies": 3}}
+    reference = await embedded_run(base, tmp_path / "reference", snapshots=False)
+    state = tmp_path / "twice"
+    with pytest.raises(SimulatedCrash):
+        await embedded_run(base, state, stop_after=2)
+    with pytest.raises(SimulatedCrash):
+        await embedded_run(three, state, stop_after=2)  # restored onto three, crashed again
+    snapshot = sorted((state / "snapshots" / "elastic").glob("snapshot_*"))[-1]
+    assert json.loads((snapshot / "manifest.json").read_text())["replicas"]["policy"] == 3
+    kept = {}  # the prefixes each replica kept of calls in flight, by rollout
+    for path in snapshot.glob("participants/policy/*/participant.msgpack"):
+        [record] = msgspec.msgpack.decode(path.read_bytes())
+        kept.update({p["rollout_id"]: int(path.parent.name) for p in record["prefixes"]})
+    pinned = {r: replica for r, replica in kept.items() if replica != policy_of(r, 3)}
+    assert pinned, f"the second snapshot must hold a pinned rollout's prefix, or this proves nothing: {kept}"
+    resumed = await embedded_run(three, state)
+    assert resumed.restores == 2 and resumed.rollouts_sealed == 12 and resumed.rollouts_failed == 0
+    # Every kept prefix continued its call: the pinned ones too, on the replica that held them.
+    assert resumed.calls_continued == len(kept) and resumed.prefix_fallbacks == 0
+    assert resumed.prefix_tokens_regenerated == 0  # every kept prefix was where its call went
+    assert resumed.transcripts_sha256 == reference.transcripts_sha256

@@ -105,3 +105,16 @@ def test_tq_shards_group_rollouts_by_their_hash() -> None:
     assert layout.participant_parts("tq", 0) == ("tq",) and layout.participant_parts("tq", 2) == ("tq", "2")
     assert layout.writer_of("tq/staging.msgpack") == "tq/0"
     assert layout.writer_of("tq/2/staging.msgpack") == "tq/2"
+
+
+def test_a_pinned_rollout_stays_with_the_replica_that_holds_its_prefix() -> None:
+    origin = {"r0": 0, "r1": 1}
+    pinned = {r: (policy_of(r, 3) + 1) % 3 for r in origin}  # an earlier restore sent them elsewhere
+    same = place(Topology(2, 2, 3), Topology(2, 2, 3), origin, policies=pinned)
+    assert {r: same.on_policy(r) for r in origin} == pinned  # not where their ids hash to
+    fewer = place(Topology(2, 2, 3), Topology(2, 2, 2), origin, policies=pinned)
+    for rollout, replica in pinned.items():
+        assert fewer.saved_policy(rollout) == replica
+        assert replica in fewer.policy_sources(fewer.on_policy(rollout))
+    with pytest.raises(PlacementError, match="outside the snapshot"):
+        place(Topology(2, 2, 1), Topology(2, 2, 1), origin, policies={"r0": 1})

@@ -13,7 +13,7 @@ from parkway.protocol.anchor import ControllerAnchor
 from parkway.protocol.ids import Role, actor_address
 from parkway.protocol.ledger import AttemptState, Granularity, Ledger
 from parkway.protocol.messages import AttemptRef, EpisodeRef
-from parkway.protocol.placement import Placement, Topology, place
+from parkway.protocol.placement import Placement, Topology, place, policy_of
 
 log = structlog.get_logger("parkway.controller")
 
@@ -92,10 +92,12 @@ def adopt_snapshot(
     continued = []
     fenced = dead_attempts(ledger)
     running = sorted(ledger.dispatched())
+    currents = {rollout: ledger.sibling(rollout).current for rollout, _ in running}
     placement = place(
         saved.topology or live,
         live,
-        {rollout: ledger.sibling(rollout).current.replica or 0 for rollout, _ in running},
+        {rollout: current.replica or 0 for rollout, current in currents.items()},
+        policies={r: c.policy for r, c in currents.items() if c.policy is not None},
     )
     if placement.elastic:
         counts["rollouts_moved"] += sum(placement.agent[r] != placement.origin[r] for r in placement.agent)
@@ -114,8 +116,8 @@ def adopt_snapshot(
         if fresh.continue_from is not None:
             assert fresh.replica is not None
             continued.append(EpisodeRef(rollout_id=rollout, attempt=fresh.index, replica=fresh.replica))
-            if placement.saved.policies != live.policies:  # its prefix is where its saved replica went
-                state.policy_pins[(rollout, fresh.index)] = placement.on_policy(rollout)
+            if placement.on_policy(rollout) != policy_of(rollout, live.policies):
+                fresh.policy = placement.on_policy(rollout)  # where its saved prefix went
     counts["restores"] += 1
     counts["rollouts_restored"] += len(continued)
     return Continuation(

@@ -196,9 +196,9 @@ class Dispatcher:
         ):
             fail_at = stable_int(config.seed, rollout, attempt, "turn") % config.rollout.max_turns
         vllm_model = config.policy.model if config.policy.engine == "vllm" else None
-        # A restored rollout's calls go to the replica that took over its saved prefix; any other's to
-        # the replica its id hashes to (None, the agent's own, when there is one).
-        policy = self._state.policy_pins.pop((rollout, attempt), None)
+        # A restored rollout's calls go to the replica that took over its saved prefix (pinned in the
+        # ledger); any other's to the replica its id hashes to (None, the agent's own, when there is one).
+        policy = self._state.ledger.sibling(rollout).attempts[attempt].policy
         if policy is None and config.topology.policies > 1:
             policy = policy_of(rollout, config.topology.policies)
         return TaskOptions(

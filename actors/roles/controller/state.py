@@ -30,9 +30,6 @@ class RunState:
         self.trained_groups: list[str] = []  # group ids the trainer consumed, those still in play
         self.training: InTraining | None = None  # handed to the trainer, not answered yet
         self.session = 0  # the tag in this run's group ids (``ids.task_group_id``); 0: none
-        # (rollout, attempt) -> policy replica, for the attempts a restore onto another number of
-        # policy replicas continues (``placement.on_policy``); each goes when it is dispatched.
-        self.policy_pins: dict[tuple[str, int], int] = {}
 
     def group_id(self, task_index: int) -> str:
         """The group id of a task in this session of the run."""
