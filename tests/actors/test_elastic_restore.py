@@ -16,12 +16,11 @@ import msgspec
 import pytest
 from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
 from parkway.protocol.ids import parse_capture_key
-from parkway.protocol.layout import AGENT_ROLLOUTS
 from parkway.protocol.placement import policy_of
-from parkway.protocol.transcript import SavedRollout
 from structlog.testing import capture_logs
 
 from tests.support.embedded import embedded_run
+from tests.support.restores import saved_by_agent, watch_ends
 
 BASE = {
     "run": "elastic",
@@ -32,15 +31,6 @@ BASE = {
     "topology": {"agents": 2, "resources": 2},
     "snapshot_interval_s": 0.05,
 }
-
-
-def saved_by_agent(snapshot: Path) -> dict[int, list[str]]:
-    """The rollouts each saved agent's directory holds."""
-    held = {}
-    for path in sorted(snapshot.glob(f"participants/agent/*/{AGENT_ROLLOUTS}")):
-        items = msgspec.msgpack.decode(path.read_bytes(), type=list[SavedRollout])
-        held[int(path.parent.name)] = [i.run.rollout_id for i in items]
-    return held
 
 
 @pytest.mark.parametrize(("agents", "resources"), [(3, 1), (1, 3)])
@@ -188,8 +178,6 @@ async def test_a_continued_rollout_no_agent_found_aborts_the_restore(tmp_path: P
     """An agent that comes back without one of the rollouts it was told to continue (its records lack
     it): the restore is aborted everywhere, never resumed with a hole in it."""
     from parkway.actors.roles.agent import Agent
-    from parkway.actors.runtime.participant import Participant
-    from parkway.protocol.messages import Abort, Resume
 
     state = tmp_path / "holey"
     with pytest.raises(SimulatedCrash):
@@ -200,20 +188,8 @@ async def test_a_continued_rollout_no_agent_found_aborts_the_restore(tmp_path: P
         restored = await install(self, directory, command)  # type: ignore[arg-type]
         return restored[1:]  # as if its records had lacked the first
 
-    seen: list[tuple[str, str]] = []
-    on_abort, on_resume = Participant.on_abort, Participant.on_resume
-
-    async def count_abort(self: Participant, command: Abort):
-        seen.append((self.address, "abort"))
-        return await on_abort(self, command)
-
-    async def count_resume(self: Participant, command: Resume):
-        seen.append((self.address, "resume"))
-        return await on_resume(self, command)
-
     monkeypatch.setattr(Agent, "install_snapshot", loses_one)
-    monkeypatch.setattr(Participant, "on_abort", count_abort)
-    monkeypatch.setattr(Participant, "on_resume", count_resume)
+    seen = watch_ends(monkeypatch)
     with pytest.raises(Exception, match="no agent restored"):
         await embedded_run({**BASE, "topology": {"agents": 3, "resources": 1}}, state)
     assert not [s for s in seen if s[1] == "resume"]

@@ -25,6 +25,7 @@ from parkway.protocol.messages import Prepare
 from parkway.protocol.snapshot import episode_mismatch
 
 from tests.support.embedded import embedded_run
+from tests.support.restores import watch_ends
 
 BASE = {
     "run": "findings",
@@ -123,8 +124,6 @@ def test_a_mismatch_names_the_differing_episodes() -> None:
 async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, monkeypatch) -> None:
     # NeMo #4500-10: a failed restore resumed participants twice (Gym and RL both cleaned up).
     from parkway.actors.roles.resources import Resources
-    from parkway.actors.runtime.participant import Participant
-    from parkway.protocol.messages import Abort, Resume
 
     with pytest.raises(SimulatedCrash):
         await run(tmp_path, stop_after=2)
@@ -132,20 +131,8 @@ async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, 
     async def broken(self: Resources, directory: Path, command: object) -> tuple:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "sessions file unreadable")
 
-    seen: list[tuple[str, str]] = []
-    on_abort, on_resume = Participant.on_abort, Participant.on_resume
-
-    async def count_abort(self: Participant, command: Abort):
-        seen.append((self.address, "abort"))
-        return await on_abort(self, command)
-
-    async def count_resume(self: Participant, command: Resume):
-        seen.append((self.address, "resume"))
-        return await on_resume(self, command)
-
     monkeypatch.setattr(Resources, "install_snapshot", broken)
-    monkeypatch.setattr(Participant, "on_abort", count_abort)
-    monkeypatch.setattr(Participant, "on_resume", count_resume)
+    seen = watch_ends(monkeypatch)
     with pytest.raises(Exception, match="sessions file unreadable"):
         await run(tmp_path)
     assert not [s for s in seen if s[1] == "resume"]  # nothing resumed a failed restore

@@ -14,25 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
-import msgspec
 import pytest
-from parkway.protocol.layout import AGENT_ROLLOUTS
-from parkway.protocol.transcript import SavedRollout
 
 from tests.support.crash_cluster import CONFIG, CRASH_FAULTS, ROLES, crash_at, reference_digest, start_driver
 from tests.support.processes import wait_ready
+from tests.support.restores import saved_by_agent
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
-
-
-def saved_by_agent(snapshot: Path) -> dict[int, list[str]]:
-    held = {}
-    for path in sorted(snapshot.glob(f"participants/agent/*/{AGENT_ROLLOUTS}")):
-        items = msgspec.msgpack.decode(path.read_bytes(), type=list[SavedRollout])
-        held[int(path.parent.name)] = [i.run.rollout_id for i in items]
-    return held
 
 
 @pytest.mark.parametrize(("agents", "resources", "policies"), [(3, 1, 1), (1, 3, 2)])
