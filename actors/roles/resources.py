@@ -450,8 +450,9 @@ class Resources(Participant):
         saved = session_cuts.read_saved(self, directory, command)
         continuing = {e.rollout_id: e.attempt for e in command.episodes}
         restored = []
-        for session in self.sessions.values():
+        for session in self.sessions.values():  # the timeline that died (work its queues left)
             if not session.retired:
+                self.counts["sessions_retired"] += 1  # ended here: counted, or it would show leaked
                 session.env.close()
         self.sessions.clear()
         self._live.clear()

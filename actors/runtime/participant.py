@@ -108,6 +108,10 @@ def _write_then_trim(cut: Cut, directory: Path) -> tuple[FileDigest, ...]:
     return files
 
 
+# What installing a snapshot a participant cannot read raises (missing, truncated, not its records).
+UNREADABLE = (OSError, msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError)
+
+
 class Participant(Actor):
     mode: str = "exported"  # exported | stateless | restart_only
     # A role with nothing to park answers Prepare in the same step of the event loop it got it in
@@ -361,14 +365,7 @@ class Participant(Actor):
         )
         try:
             rollouts = await self.install_snapshot(directory, command)
-        except (
-            OSError,
-            msgspec.DecodeError,
-            msgspec.ValidationError,
-            KeyError,
-            TypeError,
-            ValueError,
-        ) as exc:
+        except UNREADABLE as exc:
             # A snapshot this participant cannot read (missing, truncated, not its records) is refused
             # with what is wrong; installing reads everything before it changes anything.
             detail = (

@@ -53,8 +53,12 @@ async def crashed_run(state: Path, published: int = 2) -> Path:
     real snapshots on disk, no COMPLETED marker."""
     from parkway.actors.roles.controller.controller import SimulatedCrash
 
+    # Generated at a slower pace than the runs that restore it (a tuning setting: the snapshots stay
+    # restorable under SNAPSHOT_RUN), so that its snapshots are published before its rollouts end even
+    # on a loaded machine, where one snapshot took half a second and the run ended before the second.
+    slower = {**SNAPSHOT_RUN, "policy": {**SNAPSHOT_RUN["policy"], "per_token_delay_s": 0.003}}
     try:
-        await embedded_run(SNAPSHOT_RUN, state, stop_after=published)
+        await embedded_run(slower, state, stop_after=published)
     except SimulatedCrash:
         return state / "snapshots" / SNAPSHOT_RUN["run"]
     raise AssertionError("the run finished before its snapshots were published")

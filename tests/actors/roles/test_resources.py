@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import structlog
 from parkway.actors.roles.resources import Resources
@@ -26,6 +27,8 @@ from parkway.protocol.messages import (
     Error,
     Forget,
     Message,
+    Restore,
+    Restored,
     Retire,
     Status,
     StatusReport,
@@ -422,3 +425,24 @@ async def test_a_server_that_lost_a_session_refuses_the_rest_of_it(setup) -> Non
     assert (await agent.ok("release", call_index=4)).output == {"released": True}  # clean-up still works
     await agent.ok("transfer", transfer(10), attempt=1, call_index=0)  # the redo starts from its prompt
     assert actor.sessions["r1"].attempt == 1 and balances(actor)["a"] == 90
+
+
+async def test_a_session_a_restore_closes_counts_as_ended(tmp_path: Path) -> None:
+    """A fresh server may open a session for work left queued by the cluster that died, before the
+    restore reaches it: the restore closes it, and it is counted ended, not leaked."""
+    saved = tmp_path / RUN / "snapshot_1" / "participants" / "resources" / "0"
+    saved.mkdir(parents=True)
+    (saved / "sessions.msgpack").write_bytes(msgspec.msgpack.encode([]))
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        actor = Resources(broker, secret=SECRET, snapshot_root=tmp_path)
+        await actor.start()
+        agent = Agent(Client(broker, secret=SECRET, sender="agent/0"))
+        await agent.ok("balance", {"account": "a"}, seed=1234)  # a stale Run's first call
+        controller = Client(broker, secret=SECRET, sender="controller/0")
+        restored = await controller.request(
+            ADDRESS, Restore(checkpoint_id="rs-1", deadline=soon(), location="snapshot_1")
+        )
+        assert isinstance(restored, Restored), restored
+        assert not actor.sessions
+        assert actor.counts["sessions_opened"] == actor.counts["sessions_retired"] == 1
+        await actor.stop()
