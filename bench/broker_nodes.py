@@ -21,7 +21,6 @@ is not in the figures: they are the run's (``parkway run``'s summary).
 from __future__ import annotations
 
 import asyncio
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -84,13 +83,8 @@ def main() -> None:
                     f"round {index} {variant}: {run['wall_s']:.1f} s, pause p95 {run['pause_p95_ms']:.0f} ms",
                     flush=True,
                 )
-    medians = {}
-    for variant in VARIANTS:
-        mine = [r for r in runs if r["variant"] == variant]
-        medians[variant] = {
-            key: statistics.median(r[key] for r in mine)
-            for key in ("wall_s", "rollouts_per_s", "pause_p50_ms", "pause_p95_ms", "pause_max_ms")
-        }
+    keys = ("wall_s", "rollouts_per_s", "pause_p50_ms", "pause_p95_ms", "pause_max_ms")
+    medians = common.medians_by(runs, VARIANTS, lambda r: r["variant"], keys)
     base = medians["single"]
     rows = [
         (
@@ -104,8 +98,7 @@ def main() -> None:
         )
         for variant, m in medians.items()
     ]
-    loads = [r["load_1m"] for r in runs]
-    print(f"\n{common.machine_line(began)}; load during the runs {min(loads)}-{max(loads)}")
+    print(f"\n{common.runs_line(began, runs)}")
     print(
         common.markdown_table(
             ["broker", "wall s", "rollouts/s", "vs single", "pause p50 ms", "pause p95 ms", "pause max ms"],

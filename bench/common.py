@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,25 @@ def process_tree_cpu_s(pids: Iterable[int]) -> dict[int, float | None]:
 def machine_line(began: dict[str, Any]) -> str:
     """``machine()`` in a figure's title: when, cores, load."""
     return f"{began['when']}, {began['cpus']} shared cores (load {began['loadavg_1m_at_start']})"
+
+
+def medians_by(
+    runs: Sequence[dict[str, Any]],
+    variants: Sequence[str],
+    variant_of: Callable[[dict[str, Any]], str],
+    keys: Sequence[str],
+) -> dict[str, dict[str, float]]:
+    """Per variant, in the order of ``variants``, the median of each key over its runs."""
+    return {
+        v: {key: statistics.median(r[key] for r in runs if variant_of(r) == v) for key in keys}
+        for v in variants
+    }
+
+
+def runs_line(began: dict[str, Any], runs: Sequence[dict[str, Any]]) -> str:
+    """``machine_line`` and the range of the 1-minute load the runs recorded (``load_1m``)."""
+    loads = [r["load_1m"] for r in runs]
+    return f"{machine_line(began)}; load during the runs {min(loads)}-{max(loads)}"
 
 
 # -- what a benchmark writes -------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import statistics
 from typing import Any
 
 import cluster
@@ -111,13 +110,9 @@ def main() -> None:
                     f"pause p95 {run['pause_p95_ms']:.0f} ms, load {run['load_1m']}",
                     flush=True,
                 )
-    medians: dict[str, dict[str, float]] = {}
-    for kind, replicas in variants:
-        mine = [r for r in runs if (r["broker"], r["replicas"]) == (kind, replicas)]
-        medians[f"{kind} x{replicas}"] = {
-            key: statistics.median(r[key] for r in mine)
-            for key in ("wall_s", "rollouts_per_s", "pause_p50_ms", "pause_p95_ms")
-        }
+    keys = ("wall_s", "rollouts_per_s", "pause_p50_ms", "pause_p95_ms")
+    names = [f"{kind} x{replicas}" for kind, replicas in variants]
+    medians = common.medians_by(runs, names, lambda r: f"{r['broker']} x{r['replicas']}", keys)
     base = medians[f"single x{args.replicas[0]}"]["rollouts_per_s"]
     rows = [
         (
@@ -131,8 +126,7 @@ def main() -> None:
         )
         for name, m in medians.items()
     ]
-    loads = [r["load_1m"] for r in runs]
-    print(f"\n{common.machine_line(began)}; load during the runs {min(loads)}-{max(loads)}")
+    print(f"\n{common.runs_line(began, runs)}")
     print(
         common.markdown_table(
             [

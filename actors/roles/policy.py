@@ -357,14 +357,11 @@ class Policy(Participant):
         # replicas this one takes over the saved replicas of ``sources`` (their prefixes and counts);
         # one that takes over none still loads the snapshot's weights, which every replica had
         # (replica 0's record, which every snapshot holds).
-        sources = self.source_dirs(directory, command)
-        records = [read_policy_record(d) for d in sources or [self.participant_dir(command.location, 0)]]
-        record = records[0]
+        taken = [read_policy_record(d) for d in self.source_dirs(directory, command)]
+        record = taken[0] if taken else read_policy_record(self.participant_dir(command.location, 0))
         weights_dir = record.get("weights_dir")
         policy_version = int(record["policy_version"])
-        prefixes = [
-            KeptPrefix.from_record(item) for r in records[: len(sources)] for item in r.get("prefixes") or ()
-        ]
+        prefixes = [KeptPrefix.from_record(item) for r in taken for item in r.get("prefixes") or ()]
         # Calls in flight belong to the cluster that died: abort them and capture nothing of them (the
         # restored agents re-issue what they need: same request, same tokens). Their attempts are not
         # fenced here: the controller fences exactly the attempts the snapshot holds, and the restored
@@ -381,7 +378,7 @@ class Policy(Participant):
         self.policy_version = policy_version
         self.prefixes.install(prefixes, command)
         # The generation counts of the replicas taken over (absent in snapshots from before them).
-        counts = [r.get("generations") for r in records[: len(sources)]]
+        counts = [r.get("generations") for r in taken]
         valid = [
             c for c in counts if isinstance(c, list) and len(c) == 3 and all(isinstance(n, int) for n in c)
         ]

@@ -299,7 +299,8 @@ def check_snapshot(directory: Path) -> list[Problem]:
                 Problem(name, entry.path, Kind.RECORDS, f"holds {holds}, manifest says {entry.records}")
             )
 
-    if any(path in decoded for path in staging_files(directory)):
+    staging = staging_files(directory)
+    if any(path in decoded for path in staging):
         try:
             missing = missing_staging_keys(directory, only=intact)
         except Undecodable as exc:
@@ -313,7 +314,7 @@ def check_snapshot(directory: Path) -> list[Problem]:
                     rollouts_file,
                     Kind.STAGING,
                     f"references staging rows TQ's {TQ_STAGING} does not hold: {shown}"
-                    if staging_files(directory) == [TQ_STAGING]
+                    if staging == [TQ_STAGING]
                     else f"references staging rows no TQ shard's staging.msgpack holds: {shown}",
                 )
             )

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import structlog
+from parkway.actors.roles.controller.fingerprints import live_topology
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
 from parkway.protocol.anchor import ControllerAnchor
@@ -84,8 +85,7 @@ def adopt_snapshot(
     state.take_anchor(anchor, task_count=task_count)
     for key, value in anchor.counts.items():
         counts[key] = value
-    t = config.topology
-    live = Topology(agents=t.agents, resources=t.resources, policies=t.policies)
+    live = live_topology(config)
     if config.recovery.target_level == "prompt_group":
         return _redo_groups(ledger, state.epoch, counts, place(saved.topology or live, live, {}))
     keep_turns = config.recovery.target_level in ("turn", "prefix")
@@ -116,8 +116,9 @@ def adopt_snapshot(
         if fresh.continue_from is not None:
             assert fresh.replica is not None
             continued.append(EpisodeRef(rollout_id=rollout, attempt=fresh.index, replica=fresh.replica))
-            if placement.on_policy(rollout) != policy_of(rollout, live.policies):
-                fresh.policy = placement.on_policy(rollout)  # where its saved prefix went
+            policy = placement.on_policy(rollout)  # where its saved prefix went
+            if policy != policy_of(rollout, live.policies):
+                fresh.policy = policy
     counts["restores"] += 1
     counts["rollouts_restored"] += len(continued)
     return Continuation(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import structlog
 from parkway.actors.roles.controller.errors import ClusterUnavailable, SetupError, Unauthorized
+from parkway.actors.roles.controller.fingerprints import replica_addresses
 from parkway.actors.roles.controller.retire import Retirement
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.run.config import RunConfig
@@ -26,12 +27,8 @@ log = structlog.get_logger("parkway.controller")
 
 
 def participant_addresses(config: RunConfig) -> list[str]:
-    return [
-        *(actor_address(Role.TQ, i) for i in range(config.topology.tq_shards)),
-        *(actor_address(Role.POLICY, i) for i in range(config.topology.policies)),
-        *(actor_address(Role.RESOURCES, i) for i in range(config.topology.resources)),
-        *(actor_address(Role.AGENT, i) for i in range(config.topology.agents)),
-    ]
+    roles = (Role.TQ, Role.POLICY, Role.RESOURCES, Role.AGENT)
+    return [address for role in roles for address in replica_addresses(config, role)]
 
 
 async def restart_only_participants(client: Client, config: RunConfig) -> set[str]:

@@ -292,11 +292,8 @@ class Controller(Actor):
         snapshot_root: Path | None,
         stop_after_snapshots: int | None,
     ) -> RunSummary:
-        self.retirement.resources = config.topology.resources
-        self.retirement.policies, self.retirement.tq_shards = (
-            config.topology.policies,
-            config.topology.tq_shards,
-        )
+        self.retirement.config = config
+        self.receipts.tq_shards = config.topology.tq_shards
         self.forgetting.bound_by(config.rollout.max_in_flight)
         dispatcher = Dispatcher(
             client=self.client,

@@ -8,8 +8,9 @@ from typing import Any
 
 import msgspec
 from parkway.actors.run.config import RunConfig
-from parkway.protocol.ids import PARTICIPANT_ROLES, Role
+from parkway.protocol.ids import PARTICIPANT_ROLES, Role, actor_address
 from parkway.protocol.messages import Capabilities
+from parkway.protocol.placement import Topology
 
 
 def fingerprint(obj: Any) -> str:
@@ -45,6 +46,17 @@ def replica_count(config: RunConfig, role: Role) -> int:
         Role.RESOURCES: config.topology.resources,
         Role.AGENT: config.topology.agents,
     }[role]
+
+
+def replica_addresses(config: RunConfig, role: Role) -> list[str]:
+    """The addresses of one participant role's replicas (``tq/0``, ``tq/1`` ...)."""
+    return [actor_address(role, i) for i in range(replica_count(config, role))]
+
+
+def live_topology(config: RunConfig) -> Topology:
+    """The numbers of agents, tool servers and policy replicas a restore places rollouts on."""
+    t = config.topology
+    return Topology(agents=t.agents, resources=t.resources, policies=t.policies)
 
 
 def replica_counts(config: RunConfig) -> dict[str, int]:

@@ -15,14 +15,14 @@ from typing import TypeVar
 
 import anyio
 import structlog
-from parkway.actors.roles.controller.fingerprints import replica_count
+from parkway.actors.roles.controller.fingerprints import replica_addresses
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.client import SentCall
 from parkway.brokers.base import BrokerError, Lane, RequestTimeout
 from parkway.protocol.errors import ErrorCode
-from parkway.protocol.ids import PARTICIPANT_ROLES, Role, actor_address, new_checkpoint_id, parse_address
+from parkway.protocol.ids import PARTICIPANT_ROLES, Role, new_checkpoint_id, parse_address
 from parkway.protocol.messages import Abort, Error, Message, Resume, Status, StatusReport
 from parkway.protocol.snapshot import SnapshotFailure, Stage
 
@@ -68,7 +68,7 @@ class Participants:
 
     def replicas(self, role: Role) -> list[str]:
         """The addresses of one role's replicas."""
-        return [actor_address(role, i) for i in range(replica_count(self._config, role))]
+        return replica_addresses(self._config, role)
 
     def addresses(self, stage: Stage) -> list[str]:
         """A stage's participants: the replicas of each of its roles, asked at once."""

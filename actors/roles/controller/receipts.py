@@ -45,6 +45,7 @@ class Receipts:
         self._outbox, self._retirement, self._wake = outbox, retirement, wake
         self._forgetting = forgetting
         self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
+        self.tq_shards = 1  # the run's (``topology.tq_shards``): a seal goes to its rollout's shard
 
     def _acknowledge(self, receipt: Completed | Failed) -> None:
         key = (receipt.rollout_id, receipt.attempt)
@@ -199,7 +200,7 @@ class Receipts:
         for delay in (0.0, 0.05, 0.2, 0.5, 1.0, 2.0):  # staging rows may still be on their way to TQ
             await asyncio.sleep(delay)
             reply = await self._client.request(
-                tq_address(receipt.rollout_id, self._retirement.tq_shards),  # the shard of its rows
+                tq_address(receipt.rollout_id, self.tq_shards),  # the shard of its rows
                 request,
                 correlation_id=f"seal:{receipt.capture_key}",
                 deadline=time.time() + 30,

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from parkway.actors.roles.controller.adopt import Continuation, SavedWork
-from parkway.actors.roles.controller.fingerprints import fingerprint, topology_of
+from parkway.actors.roles.controller.fingerprints import fingerprint, live_topology, topology_of
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants
@@ -221,8 +221,7 @@ class RestoreSequence:
             attempt.saved_topology = saved = saved_topology(attempt.manifest.replicas, counts_of(live))
         except PlacementError as exc:
             raise SnapshotInvalid(f"{attempt.path.name} cannot be restored onto this cluster: {exc}") from exc
-        t = self.config.topology
-        now = Topology(agents=t.agents, resources=t.resources, policies=t.policies)
+        now = live_topology(self.config)
         if saved != now:
             log.info(
                 "restore_onto_another_topology",

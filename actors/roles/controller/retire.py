@@ -8,7 +8,9 @@ import time
 from collections import Counter, defaultdict
 
 import structlog
+from parkway.actors.roles.controller.fingerprints import replica_addresses
 from parkway.actors.roles.controller.state import RunState
+from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.client import Client
 from parkway.brokers.base import BrokerError, RequestTimeout
@@ -36,10 +38,8 @@ def stable_int(*parts: object) -> int:
 class Retirement:
     def __init__(self, client: Client, state: RunState, counts: Counter[str]) -> None:
         self._client, self._state, self._counts = client, state, counts
-        # How many resources replicas a fence goes to; None before a run starts (nothing to fence).
-        self.resources: int | None = None
-        self.policies = 1
-        self.tq_shards = 1
+        # The run's configuration: who a fence goes to; None before a run starts (nothing to fence).
+        self.config: RunConfig | None = None
         # Attempts that ended without a fence (lost with an agent process, or failed on their agent):
         # fenced everywhere before anything is dispatched again, so no stale copy of one of their
         # calls (requeued by a broker restart, resent by a client) is served once attempt N+1 exists.
@@ -88,17 +88,15 @@ class Retirement:
         seconds: the participant behind it is alive and may yet be handed a requeued call of the attempt.
         A participant that does not answer is named and skipped: it was down, and what it had of the
         attempt is gone or comes back fenced by a restore."""
-        if not refs or self.resources is None:
+        if not refs or self.config is None:
             return
         command = Retire(
             checkpoint_id=f"fence-{stable_int(*refs) % 10**12}",
             deadline=time.time() + FENCE_DEADLINE_S,
             attempts=refs,
         )
-        resources = [actor_address(Role.RESOURCES, i) for i in range(self.resources)]
-        policies = [actor_address(Role.POLICY, i) for i in range(self.policies)]
-        shards = [actor_address(Role.TQ, i) for i in range(self.tq_shards)]
-        for address in (*policies, *resources, *shards):
+        roles = (Role.POLICY, Role.RESOURCES, Role.TQ)
+        for address in [a for role in roles for a in replica_addresses(self.config, role)]:
             try:
                 reply = await retrying(
                     functools.partial(self._client.request, address, command),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from parkway.actors.roles.controller.fingerprints import replica_addresses
 from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.roles.trainer import TrainerActor
@@ -241,7 +242,7 @@ class TrainingHook:
             directory=directory,
             policy_version=policy_version,
         )
-        replicas = [actor_address(Role.POLICY, i) for i in range(self._config.topology.policies)]
+        replicas = replica_addresses(self._config, Role.POLICY)
 
         async def load_everywhere() -> None:
             # Every replica, at once: no rollout is dispatched on the version until all have it.
