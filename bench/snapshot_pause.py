@@ -28,10 +28,10 @@ the resources say how many tool calls they are running (prepare waits for those:
 docs/protocol.md), so a variant's tools are seen to be in flight when its snapshots begin.
 
 Per snapshot the controller records the window (``pause_ms``), its save steps (``steps_ms``: whatever
-steps the save sequence has, reported as they come), the rollouts saved, the bytes written and how
-long agents waited for their rollouts to reach a boundary. Per variant the report gives the median over
-rounds of each round's p50 and p95 window and of each step's p50, and the 1-minute load before and
-after every point. Then the issue's figures, each from the rounds' p95s both as the median of the
+steps the save sequence has, reported as they come), the rollouts saved, the bytes it holds and
+those it wrote (the rest linked from the snapshot before), and how long agents waited for their
+rollouts to reach a boundary. Per variant the report gives the median over rounds of each round's p50
+and p95 window and of each step's p50, and the 1-minute load before and after every point. Then the issue's figures, each from the rounds' p95s both as the median of the
 per-round ratios and as the ratio of the medians, against its bound (p95 <= 50 ms; ratios <= 1.5).
 
 ``--baseline DIR`` compares with another build in the same sitting: DIR is a ``PYTHONPATH`` entry
@@ -287,6 +287,11 @@ def summarize(records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
             for step in steps_seen(records)
         },
         "bytes_p50": int(statistics.median(r.get("bytes", 0) for r in records)) if records else 0,
+        "bytes_written_p50": int(
+            statistics.median(r.get("bytes_written", r.get("bytes", 0)) for r in records)
+        )
+        if records
+        else 0,
         "records": records,
     }
 
@@ -346,6 +351,9 @@ def aggregate(
                         [p["turns_done_at_first_snapshot"] for p in mine]
                     ),
                     "bytes_p50": int(statistics.median(p["bytes_p50"] for p in mine)),
+                    "bytes_written_p50": int(
+                        statistics.median(p.get("bytes_written_p50", p["bytes_p50"]) for p in mine)
+                    ),
                     "load_1m": [p["load_1m"] for p in mine],
                     "seconds_per_point": round(statistics.median(p["seconds"] for p in mine), 1),
                 }
@@ -452,7 +460,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "park wait p50",
         "without p50",
         "tool calls running min / p50",
-        "MB",
+        "MB held",
+        "MB written",
         "load 1m before > after",
         *steps,
     ]
@@ -471,12 +480,13 @@ def table(rows: list[dict[str, Any]]) -> str:
             ms(r["without_park_wait_p50_ms"]),
             f"{r['tool_calls_running']['min']} / {ms(r['tool_calls_running']['p50'])}",
             f"{r['bytes_p50'] / 1e6:.2f}",
+            f"{r['bytes_written_p50'] / 1e6:.2f}",
             " ".join(f"{a}>{b}" for a, b in r["load_1m"]),
             *(ms(r["steps_ms_p50"].get(s)) for s in steps),
         ]
         for r in rows
     ]
-    return common.markdown_table(headers, body, "ll" + "r" * 6 + "l" + "r" * 4 + "l" + "r" * len(steps))
+    return common.markdown_table(headers, body, "ll" + "r" * 6 + "l" + "r" * 5 + "l" + "r" * len(steps))
 
 
 def checks_table(found: list[dict[str, Any]]) -> str:

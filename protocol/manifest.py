@@ -19,7 +19,7 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 Episode = tuple[str, Count]  # (rollout id, attempt)
 
 
-class ManifestFile(msgspec.Struct, frozen=True):
+class ManifestFile(msgspec.Struct, frozen=True, omit_defaults=True):
     """One file of the snapshot, relative to its directory, and the checkpoint it was written under."""
 
     path: str
@@ -27,6 +27,8 @@ class ManifestFile(msgspec.Struct, frozen=True):
     size: Count
     records: Count
     checkpoint_id: str
+    # A pack of records hard-linked from the snapshot before (the same file: not written again).
+    linked: bool = False
 
 
 class TrainerMark(msgspec.Struct, frozen=True):

@@ -82,6 +82,8 @@ class FileDigest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     sha256: str
     records: ranges.Count
     size: ranges.Count
+    # A pack hard-linked from the snapshot before (``actors/storage/packs.py``): on disk, not written now.
+    linked: bool = False
 
 
 def _check_location(location: str) -> None:
@@ -151,7 +153,17 @@ class Commit(TemporaryLocation, frozen=True, kw_only=True):
 
 class Persist(TemporaryLocation, frozen=True, kw_only=True):
     """Write the cut this id's Commit took under ``location`` and answer its files' digests. Sent after
-    admission reopened: the writing is outside the snapshot's pause."""
+    admission reopened: the writing is outside the snapshot's pause.
+
+    ``base``: the run's newest published snapshot (``snapshot_<seq>``), whose packs of records that did
+    not change are hard-linked instead of written again; None: write everything."""
+
+    base: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.base is not None and not SNAPSHOT_LOCATION.fullmatch(self.base):
+            raise ValueError(f"base {self.base!r} is not a published snapshot (snapshot_<seq>)")
 
 
 class Resume(ControlCommand, frozen=True, kw_only=True):

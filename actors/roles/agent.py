@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 from parkway.actors.roles.attempt import DONE, Attempt, received
 from parkway.actors.runtime.forgetting import AttemptKey
+from parkway.actors.runtime.packs import read_records
 from parkway.actors.runtime.participant import Cut, ParkReport, Participant
 from parkway.actors.runtime.settings import ReceiptResend
 from parkway.actors.sdk.environments import Environment
@@ -315,7 +315,7 @@ class Agent(Participant):
     def _cut_of(self, saved: dict[AttemptKey, SavedRollout]) -> Cut:
         def write(directory: Path) -> tuple[FileDigest, ...]:
             ordered = [saved[key] for key in sorted(saved)]
-            return (self.write_records(directory / AGENT_ROLLOUTS, ordered),)
+            return self.records.packed(directory / AGENT_ROLLOUTS, ordered)
 
         episodes = tuple(
             EpisodeRef(rollout_id=r, attempt=a, replica=self.replica, tools=len(rollout.tools))
@@ -350,9 +350,7 @@ class Agent(Participant):
         saved = [
             item
             for source in self.source_dirs(directory, command)
-            for item in msgspec.msgpack.decode(
-                (source / AGENT_ROLLOUTS).read_bytes(), type=list[SavedRollout]
-            )
+            for item in read_records(source / AGENT_ROLLOUTS, SavedRollout)
         ]
         # A restored agent runs nothing from before: work it picked up from the dead cluster's queues
         # is stopped, and anything older than this controller incarnation is refused from now on.

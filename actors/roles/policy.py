@@ -348,7 +348,7 @@ class Policy(Participant):
         def write(directory: Path) -> tuple[FileDigest, ...]:
             # The prefixes are frozen copies: turned into records here, in the writer's thread.
             full = {**record, "prefixes": [p.record() for p in prefixes]}
-            return (self.write_records(directory / "participant.msgpack", [full]),)
+            return (self.records.plain(directory / "participant.msgpack", [full]),)
 
         return Cut(write=write)
 

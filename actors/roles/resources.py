@@ -38,7 +38,7 @@ from parkway.actors.roles import long_calls, session_cuts
 from parkway.actors.roles.long_calls import SavedBefore
 from parkway.actors.roles.session_cuts import keep_round_copy
 from parkway.actors.runtime.forgetting import AttemptKey
-from parkway.actors.runtime.participant import Cut, ParkReport, Participant, write_records
+from parkway.actors.runtime.participant import Cut, ParkReport, Participant
 from parkway.actors.sdk.environments import CallAnswer, CallKey, Environment, Record, ToolError
 from parkway.actors.sdk.plugins import Kind, find_environment, installed_names
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -435,11 +435,8 @@ class Resources(Participant):
         encoded = [] if self.mode == "restart_only" else session_cuts.cut_sessions(self, command.episodes)
 
         def write(directory: Path) -> tuple[FileDigest, ...]:
-            raw = [msgspec.Raw(item) for item in encoded]
-            return (
-                write_records(
-                    directory / session_cuts.SESSIONS, raw, faults=self.faults, qualifier=self.role
-                ),
+            return self.records.packed(
+                directory / session_cuts.SESSIONS, [msgspec.Raw(item) for item in encoded]
             )
 
         return Cut(write=write)

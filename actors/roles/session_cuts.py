@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from parkway.actors.roles.long_calls import SavedBefore
+from parkway.actors.runtime.packs import read_records
 from parkway.actors.sdk.environments import Environment
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import SessionRestored
@@ -131,7 +132,7 @@ def read_saved(resources: Resources, directory: Path, command: Restore) -> list[
     saved = [
         item
         for source in resources.source_dirs(directory, command)
-        for item in msgspec.msgpack.decode((source / SESSIONS).read_bytes(), type=list[SavedSession])
+        for item in read_records(source / SESSIONS, SavedSession)
     ]
     if command.sources is not None and set(command.sources) - {resources.replica}:
         continued = {e.rollout_id for e in command.episodes}

@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 import structlog
-from parkway.actors.runtime.participant import Cut, Participant, write_records
+from parkway.actors.runtime.packs import read_records, write_records
+from parkway.actors.runtime.participant import Cut, Participant
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Refused, RowSealed, RowStaged, RowUnsealed, SnapshotInstalled
 from parkway.protocol.ids import Role, capture_key, parse_capture_key, parse_staging_key
@@ -181,24 +182,28 @@ class TransferStore:
         return copy
 
     def save(
-        self, directory: Path, write: Callable[[Path, list[Any]], FileDigest] = write_records
+        self,
+        directory: Path,
+        write: Callable[[Path, list[Any]], FileDigest] = write_records,
+        packed: Callable[[Path, list[Any]], tuple[FileDigest, ...]] | None = None,
     ) -> tuple[FileDigest, ...]:
+        """The rows (written incrementally with ``packed``: a row never changes once staged) and the
+        lineage counts."""
         staging = [row for key in sorted(self.staging) for _, row in sorted(self.staging[key].items())]
         canonical = sorted(self.canonical.values(), key=lambda r: r.rollout_id)
         lineage = sorted([k, t, n] for (k, t), n in self.generations.items())
+        rows = packed or (lambda path, records: (write(path, records),))
         return (
-            write(directory / "staging.msgpack", staging),
-            write(directory / "canonical.msgpack", canonical),
+            *rows(directory / "staging.msgpack", staging),
+            *rows(directory / "canonical.msgpack", canonical),
             write(directory / "lineage.msgpack", lineage),
         )
 
     @classmethod
     def load(cls, directory: Path) -> TransferStore:
         store = cls()
-        staging = msgspec.msgpack.decode((directory / "staging.msgpack").read_bytes(), type=list[StagingRow])
-        canonical = msgspec.msgpack.decode(
-            (directory / "canonical.msgpack").read_bytes(), type=list[CanonicalRow]
-        )
+        staging = read_records(directory / "staging.msgpack", StagingRow)
+        canonical = read_records(directory / "canonical.msgpack", CanonicalRow)
         lineage = msgspec.msgpack.decode(
             (directory / "lineage.msgpack").read_bytes(), type=list[tuple[str, int, int]]
         )
@@ -321,7 +326,7 @@ class TransferQueue(Participant):
         """Every row at this instant. The controller sends this Commit on the data lane, behind the rows
         already sent here: the rows the agents' cuts refer to were sent before those agents prepared."""
         frozen = self.store.frozen()
-        return Cut(write=lambda directory: frozen.save(directory, write=self.write_records))
+        return Cut(write=lambda d: frozen.save(d, write=self.records.plain, packed=self.records.packed))
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         self.store = TransferStore.load(directory)

@@ -10,7 +10,7 @@ raises ``OSError(ENOSPC)`` at the second commit write of a resources actor, half
 (a disk that fills up), and lets every other hit through (the fault clears); ``@2+`` fails the second
 and every later one (a disk that stays full). Write points:
 
-- ``commit_write:<role>``: a participant writing its cut at Persist (``participant.write_records``);
+- ``commit_write:<role>``: a participant writing its cut at Persist (``packs.RecordWriter``);
 - ``capture_write``: the controller writing its copy of the ledger taken at the cut;
 - ``publish_write``: the controller writing the manifest;
 - ``publish_fsync:files`` and ``publish_fsync:parent``: fsyncing the snapshot's directories before the

@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -34,9 +32,9 @@ from typing import Any, ClassVar
 import msgspec
 import structlog
 from parkway.actors.runtime.actor import Actor
-from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.forgetting import AttemptKey, Fence, forget_fence_size
 from parkway.actors.runtime.memory import trim_heap
+from parkway.actors.runtime.packs import RecordWriter
 from parkway.actors.runtime.snapshot_dirs import check_sources, inside
 from parkway.protocol.cuts import CutTable
 from parkway.protocol.errors import ErrorCode, ProtocolError
@@ -148,6 +146,7 @@ class Participant(Actor):
         self._lease_task: asyncio.Task[None] | None = None
         self._phase_since = time.monotonic()  # when the current phase began, for parkway_phase_seconds
         self.cuts: CutTable[Cut] = CutTable()  # taken at Commit, written at Persist
+        self.records = RecordWriter(self.faults, self.role)  # the cut's files, written at Persist
         self._prepared: dict[str, Prepared] = {}  # the answer of the checkpoint that is prepared here
         self.metrics.timed_phases()
         self.handlers.update(
@@ -185,15 +184,11 @@ class Participant(Actor):
             "checkpoint_id": command.checkpoint_id,
             "episodes": [msgspec.to_builtins(e) for e in command.episodes],
         }
-        return Cut(write=lambda directory: (self.write_records(directory / "participant.msgpack", [record]),))
+        return Cut(write=lambda directory: (self.records.plain(directory / "participant.msgpack", [record]),))
 
     async def write_snapshot(self, directory: Path, command: Commit) -> tuple[FileDigest, ...]:
         """Take the cut and write it at once (tools and tests that want a participant's files now)."""
         return self.take_cut(command).write(directory)
-
-    def write_records(self, path: Path, records: list[Any]) -> FileDigest:
-        """``write_records`` with this participant's ``commit_write`` fault point armed."""
-        return write_records(path, records, faults=self.faults, qualifier=self.role)
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:
         return ()
@@ -294,6 +289,7 @@ class Participant(Actor):
         """Write the cut this id's Commit took, in a worker thread: the rollouts run meanwhile."""
         cid = command.checkpoint_id
         directory = self.participant_dir(command.location)
+        self.records.base = self.participant_dir(command.base) if command.base else None
         cut = self.cuts.persist(cid)
         try:
             files = await asyncio.to_thread(_write_then_trim, cut, directory)
@@ -534,25 +530,3 @@ async def wait_parked(participant: Participant, command: Prepare, ended: asyncio
 
 def errno_name(exc: OSError) -> str | None:
     return errno.errorcode.get(exc.errno) if exc.errno is not None else None
-
-
-def write_records(
-    path: Path, records: list[Any], *, faults: FaultPoints | None = None, qualifier: str | None = None
-) -> FileDigest:
-    """Write msgpack records to ``path`` durably (fsync) and return the manifest entry.
-
-    ``faults``: the ``commit_write`` fault point fails this write half-way, as a full disk would."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = msgspec.msgpack.encode(records)
-    with open(path, "wb") as handle:
-        half = len(data) // 2
-        handle.write(data[:half])
-        if faults is not None:
-            handle.flush()
-            faults.reach("commit_write", qualifier, path=path)
-        handle.write(data[half:])
-        handle.flush()
-        os.fsync(handle.fileno())
-    return FileDigest(
-        path=path.name, sha256=hashlib.sha256(data).hexdigest(), records=len(records), size=len(data)
-    )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from parkway.actors.runtime.packs import UnreadablePacks, packs_dir, read_records
 from parkway.actors.storage.files import files_on_disk, sha256_file
 from parkway.protocol.anchor import decode_ledger_file
 from parkway.protocol.ids import is_valid_checkpoint_id, staging_key
@@ -286,17 +287,26 @@ def check_snapshot(directory: Path) -> list[Problem]:
     for entry in entries:
         if entry.path not in intact or not entry.path.endswith(RECORDS_SUFFIX) or entry.path == LEDGER:
             continue  # (the ledger was read above)
+        packs = packs_dir(Path(entry.path)).as_posix() + "/"
+        if any(e.path.startswith(packs) and e.path not in intact for e in entries):
+            continue  # a pack of this index is reported above: the index is not read through it
         try:
-            decoded[entry.path] = msgspec.msgpack.decode((directory / entry.path).read_bytes())
+            decoded[entry.path] = read_records(directory / entry.path)  # plain, or an index and packs
         except msgspec.DecodeError as exc:
             problems.append(Problem(name, entry.path, Kind.RECORDS, f"is not valid MessagePack: {exc}"))
             continue
-        value = decoded[entry.path]
-        count = len(value) if isinstance(value, list) else None
+        except (msgspec.ValidationError, UnreadablePacks) as exc:
+            problems.append(Problem(name, entry.path, Kind.RECORDS, f"holds no list of records: {exc}"))
+            continue
+        except OSError as exc:
+            problems.append(Problem(name, entry.path, Kind.RECORDS, f"cannot be read: {exc.strerror or exc}"))
+            continue
+        count = len(decoded[entry.path])
         if count != entry.records:
-            holds = f"{count} records" if count is not None else "no list of records"
             problems.append(
-                Problem(name, entry.path, Kind.RECORDS, f"holds {holds}, manifest says {entry.records}")
+                Problem(
+                    name, entry.path, Kind.RECORDS, f"holds {count} records, manifest says {entry.records}"
+                )
             )
 
     staging = staging_files(directory)
@@ -368,8 +378,8 @@ def staging_files(directory: Path) -> list[str]:
 
 def _decode(directory: Path, relative: str, kind: Any) -> Any:
     try:
-        return msgspec.msgpack.decode((directory / relative).read_bytes(), type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return read_records(directory / relative, kind)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnreadablePacks, OSError) as exc:
         raise Undecodable(relative, str(exc)) from None
 
 
@@ -397,8 +407,8 @@ def missing_staging_keys(
     ``only``: the files to look at (all by default). ``strict``: decode the records whole, as their
     types (``snapshots verify``); otherwise read the keys alone, which is what a save's validation
     needs of files whose digests it has just checked. Raises ``Undecodable``."""
-    staging_type: Any = list[StagingRow] if strict else list[_StagingKey]
-    rollouts_type: Any = list[SavedRollout] if strict else list[_RolloutKeys]
+    staging_type: Any = StagingRow if strict else _StagingKey
+    rollouts_type: Any = SavedRollout if strict else _RolloutKeys
     rows = [row for path in staging_files(directory) for row in _decode(directory, path, staging_type)]
     # A row whose key no builder makes (TQ stores what a hostile client sent) is no saved turn's row.
     captured = {staging_key(r.capture_key, r.turn) for r in rows if r.capture_key and r.turn >= 0}

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
 from pathlib import Path
+
+from parkway.actors.runtime.durable import write_durably
+
+__all__ = ["files_on_disk", "fsync_dir", "replace_durably", "sha256_bytes", "sha256_file", "write_durably"]
 
 
 def sha256_file(path: Path) -> str:
@@ -24,20 +27,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_durably(path: Path, data: bytes, *, halfway: Callable[[], None] | None = None) -> int:
-    """Write ``data`` to ``path`` and fsync it; the bytes written. ``halfway`` runs with half of the
-    data flushed: where a fault point fails the write as a full disk would, leaving a torn file."""
-    with open(path, "wb") as handle:
-        handle.write(data[: len(data) // 2])
-        handle.flush()
-        if halfway is not None:
-            halfway()
-        handle.write(data[len(data) // 2 :])
-        handle.flush()
-        os.fsync(handle.fileno())
-        return handle.tell()
 
 
 def replace_durably(path: Path, data: bytes) -> None:

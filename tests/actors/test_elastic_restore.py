@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from parkway.actors.roles.controller.controller import RunSummary, SimulatedCrash
+from parkway.actors.runtime.packs import read_records
 from parkway.protocol.ids import parse_capture_key
 from parkway.protocol.placement import policy_of
 from structlog.testing import capture_logs
@@ -142,7 +143,7 @@ async def test_tq_shards_hold_each_rollouts_rows_and_snapshot_and_restore_them(t
     assert staging_files(snapshot) == ["tq/staging.msgpack", "tq/1/staging.msgpack", "tq/2/staging.msgpack"]
     held = {}
     for shard, path in enumerate(staging_files(snapshot)):
-        rows = msgspec.msgpack.decode((snapshot / path).read_bytes(), type=list[StagingRow])
+        rows = read_records(snapshot / path, StagingRow)
         assert all(tq_of(parse_capture_key(r.capture_key)[0], 3) == shard for r in rows)  # its own only
         held[shard] = len(rows)
     assert all(held.values()), f"every shard must hold rows, or this proves less: {held}"

@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-import msgspec
 import pytest
+from parkway.actors.runtime.packs import read_records
 from parkway.protocol.ids import parse_capture_key, parse_staging_key
 from parkway.protocol.transcript import SavedRollout
 
@@ -58,7 +58,7 @@ def saved_model_calls(snapshot: Path) -> dict[str, tuple[int, int]]:
     """Per rollout the snapshot holds: (its saved attempt, the model calls its transcript finished)."""
     found = {}
     for path in snapshot.glob("participants/agent/*/rollouts.msgpack"):
-        for saved in msgspec.msgpack.decode(path.read_bytes(), type=list[SavedRollout]):
+        for saved in read_records(path, SavedRollout):
             found[saved.run.rollout_id] = (saved.run.attempt, len(saved.model))
     return found
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
+from parkway.actors.runtime.packs import read_records
 from parkway.actors.sdk import plugins
 
 from tests.support import inventory
@@ -141,7 +141,7 @@ async def test_the_cluster_killed_mid_run_leaves_each_mutation_applied_once_in_t
     saved = {
         item["rollout_id"]: item
         for path in sorted(snapshots[-1].glob("participants/resources/*/sessions.msgpack"))
-        for item in msgspec.msgpack.decode(path.read_bytes())
+        for item in read_records(path)
     }
     scope = {rollout: attempt for rollout, attempt in manifest["episodes"]}
     dead = db.journal()  # the dead timeline's rows, at the crash

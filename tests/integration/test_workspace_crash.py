@@ -15,9 +15,9 @@ import signal
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 from parkway.actors.builtin.workspace.environment import dir_name
+from parkway.actors.runtime.packs import read_records
 
 from tests.support.embedded import embedded_digest
 from tests.support.processes import start_driver, wait_ready
@@ -67,7 +67,7 @@ def parked_before_a_command(snapshot: Path) -> list[str]:
     calls, in its second and fifth turns): their command was in flight or about to be sent."""
     found = []
     for rollouts in sorted(snapshot.glob("participants/agent/*/rollouts.msgpack")):
-        for saved in msgspec.msgpack.decode(rollouts.read_bytes()):
+        for saved in read_records(rollouts):
             if (len(saved["model"]), len(saved["tools"])) in ((2, 2), (5, 5)):
                 found.append(saved["run"]["rollout_id"])
     return found
@@ -77,7 +77,7 @@ def saved_workspaces(snapshot: Path) -> dict[str, tuple[str, str]]:
     """rollout id -> (replica, manifest digest) of every session the snapshot saved."""
     saved = {}
     for sessions in sorted(snapshot.glob("participants/resources/*/sessions.msgpack")):
-        for session in msgspec.msgpack.decode(sessions.read_bytes()):
+        for session in read_records(sessions):
             saved[session["rollout_id"]] = (sessions.parent.name, session["env"]["state"]["digest"])
     return saved
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import msgspec
+from parkway.actors.runtime.packs import read_records
 from parkway.actors.runtime.participant import Participant
 from parkway.protocol.layout import AGENT_ROLLOUTS
 from parkway.protocol.messages import Abort, Resume
@@ -17,7 +17,7 @@ def saved_by_agent(snapshot: Path) -> dict[int, list[str]]:
     """The rollout ids each saved agent's directory holds, by agent replica."""
     held = {}
     for path in sorted(snapshot.glob(f"participants/agent/*/{AGENT_ROLLOUTS}")):
-        items = msgspec.msgpack.decode(path.read_bytes(), type=list[SavedRollout])
+        items = read_records(path, SavedRollout)
         held[int(path.parent.name)] = [i.run.rollout_id for i in items]
     return held
 

@@ -25,6 +25,7 @@ from parkway.actors.builtin.workspace.executor import Executor, Limits, LocalExe
 from parkway.actors.builtin.workspace.paths import refuse
 from parkway.actors.builtin.workspace.store import BlobStore, CorruptBlob
 from parkway.actors.builtin.workspace.template import TemplateError, load
+from parkway.actors.runtime.packs import UnreadablePacks, read_records
 from parkway.actors.sdk.chat import ToolSpec
 from parkway.actors.sdk.environments import Environment, Record, ToolError
 from parkway.protocol import layout
@@ -364,12 +365,12 @@ def _snapshot_references(home: Path) -> set[str] | None:
     for directory in directories:
         sessions = directory / "participants" / "resources" / replica / "sessions.msgpack"
         try:
-            records = msgspec.msgpack.decode(sessions.read_bytes())
+            records = read_records(sessions)  # (its packs are written before it)
         except FileNotFoundError:
             if not directory.exists():
                 return None
             continue
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, msgspec.ValidationError, UnreadablePacks):
             continue
         _walk_manifests(records, found)
     return found

@@ -30,7 +30,8 @@ class SnapshotRecord(TypedDict):
     pause_ms: float  # the admission gate's closed window
     rollouts: int  # rollouts saved
     parked: int  # rollouts that parked at a boundary
-    bytes: int  # every file written and the manifest
+    bytes: int  # every file it holds and the manifest
+    bytes_written: int  # of which written by it: the rest are packs linked from the snapshot before
     park_wait_ms: float  # the longest an agent waited for its rollouts to reach a boundary
     steps_ms: dict[str, float]  # each save step's duration
 
@@ -66,8 +67,12 @@ class SnapshotMetrics:
         return {step: percentiles(values)["p50"] for step, values in self.phases_ms.items()}
 
     def bytes_summary(self) -> dict[str, float]:
-        """Bytes each published snapshot wrote (every file and the manifest): p50, p95, max."""
+        """Bytes each published snapshot holds (every file and the manifest): p50, p95, max."""
         return percentiles([float(r["bytes"]) for r in self.records])
+
+    def bytes_written_summary(self) -> dict[str, float]:
+        """Bytes each published snapshot wrote (what did not change was linked): p50, p95, max."""
+        return percentiles([float(r["bytes_written"]) for r in self.records])
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:

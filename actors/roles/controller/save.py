@@ -128,6 +128,7 @@ class SaveAttempt:
     boundaries: int = 0
     park_wait_s: float = 0.0  # the longest an agent waited for its rollouts to reach a boundary
     bytes: int = 0  # what the published snapshot holds: every file and the manifest
+    bytes_written: int = 0  # of which written by it (the rest is packs linked from the snapshot before)
     steps_ms: dict[str, float] = field(default_factory=dict)
     progress: Progress | None = None
     skip_reason: str | None = None  # set by the first step when there is nothing to save
@@ -149,6 +150,8 @@ class SaveSequence:
         self.participants, self.metrics = participants, metrics
         self.config_fingerprint = config_fingerprint
         self.last_progress: Progress | None = None
+        # The newest snapshot this controller published: participants link from it what did not change.
+        self.base: str | None = None
         self.on_published: Callable[[Published], None] | None = None  # a test hook
         self.aborting: asyncio.Task[None] | None = None  # the last aborted snapshot's abort round
 
@@ -236,6 +239,7 @@ class SaveSequence:
                 "rollouts": len(attempt.episodes),
                 "parked": attempt.parked,
                 "bytes": attempt.bytes,
+                "bytes_written": attempt.bytes_written,
                 "park_wait_ms": round(attempt.park_wait_s * 1000, 3),
                 "steps_ms": attempt.steps_ms,
             }
@@ -452,7 +456,7 @@ class SaveSequence:
         for stage in stages:
             replies = await self.participants.ask(
                 stage,
-                lambda _a: Persist(checkpoint_id=cid, deadline=deadline, location=location),
+                lambda _a: Persist(checkpoint_id=cid, deadline=deadline, location=location, base=self.base),
                 "persist",
                 retry_for_s=AFTER_WINDOW_RETRY_S,
             )
@@ -503,6 +507,8 @@ class SaveSequence:
         )
         publication = await asyncio.to_thread(publish, self.run, attempt.tmp, manifest, self.host.faults)
         attempt.bytes = publication.bytes
+        attempt.bytes_written = publication.bytes - sum(f.size for f in attempt.files if f.linked)
+        self.base = publication.path.name
         self.host.history.record(
             SnapshotPublished(
                 checkpoint_id=attempt.checkpoint_id,
@@ -537,6 +543,7 @@ def record_files(attempt: SaveAttempt, address: str, files: tuple[FileDigest, ..
                 path=str(prefix / f.path),
                 sha256=f.sha256,
                 size=f.size,
+                linked=f.linked,
                 records=f.records,
                 checkpoint_id=cid,
             )

@@ -72,12 +72,14 @@ class RunSummary(msgspec.Struct, kw_only=True):
     snapshots_skipped: int
     pause_ms: dict[str, float]  # admission-closed window per snapshot: p50, p95, max
     snapshot_steps_ms: dict[str, float]  # median duration of each save step
-    snapshot_bytes: dict[str, float]  # bytes each snapshot wrote: p50, p95, max
+    snapshot_bytes: dict[str, float]  # bytes each snapshot holds: p50, p95, max
     restores: int
     rollouts_restored: int
     rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
     tool_calls_by_resources: dict[str, int]
     model_calls_by_policy: dict[str, int] = {}  # model calls each policy replica answered
+    # Bytes each snapshot wrote: what it holds less the packs linked from the one before (p50, p95, max).
+    snapshot_bytes_written: dict[str, float] = {}
 
 
 # Data messages a participant handles only for a run's work: a count of one at a session's start
@@ -214,6 +216,7 @@ async def summarize(
         pause_ms=metrics.pause_summary(),
         snapshot_steps_ms=metrics.phases_summary(),
         snapshot_bytes=metrics.bytes_summary(),
+        snapshot_bytes_written=metrics.bytes_written_summary(),
         restores=counts["restores"],
         rollouts_restored=counts["rollouts_restored"],
         rollouts_moved=counts["rollouts_moved"],

@@ -12,10 +12,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-import msgspec
 import pytest
 from parkway.actors.builtin.blackbox import openai_format
 from parkway.actors.builtin.blackbox.openai_format import FormatError
+from parkway.actors.runtime.packs import read_records
 from parkway.actors.sdk import chat
 from parkway.protocol.transcript import SavedRollout
 
@@ -196,7 +196,7 @@ async def test_a_program_that_diverges_from_its_record_is_redone_from_its_prompt
     saved = [
         rollout
         for path in snapshot.glob("participants/agent/*/rollouts.msgpack")
-        for rollout in msgspec.msgpack.decode(path.read_bytes(), type=list[SavedRollout])
+        for rollout in read_records(path, SavedRollout)
     ]
     with_history = [r for r in saved if r.model]
     assert with_history, "the snapshot must hold finished model calls, or this case proves nothing"
