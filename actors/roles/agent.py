@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 from parkway.actors.roles.attempt import DONE, Attempt, received
 from parkway.actors.runtime.forgetting import AttemptKey
-from parkway.actors.runtime.packs import read_records
+from parkway.actors.runtime.packs import read_records, struct_parts
 from parkway.actors.runtime.participant import Cut, ParkReport, Participant
 from parkway.actors.runtime.settings import ReceiptResend
 from parkway.actors.sdk.environments import Environment
@@ -315,7 +315,9 @@ class Agent(Participant):
     def _cut_of(self, saved: dict[AttemptKey, SavedRollout]) -> Cut:
         def write(directory: Path) -> tuple[FileDigest, ...]:
             ordered = [saved[key] for key in sorted(saved)]
-            return self.records.packed(directory / AGENT_ROLLOUTS, ordered)
+            # Each step its own piece: a transcript that grew writes its new steps, not its history.
+            parts = [struct_parts(rollout, split=("model", "tools")) for rollout in ordered]
+            return self.records.packed(directory / AGENT_ROLLOUTS, parts)
 
         episodes = tuple(
             EpisodeRef(rollout_id=r, attempt=a, replica=self.replica, tools=len(rollout.tools))

@@ -14,9 +14,13 @@ half of it, or beyond the newest ``MAX_PACKS``, is not linked: its live records 
 the new pack, so the packs a snapshot holds stay within about twice its records' size. Where a link
 cannot be made (the base snapshot pruned, another file system, none yet), the records are written.
 
-The writer remembers, per file, each record's digest and place from its last write, and the last
-records themselves (by identity: an immutable record that is the same object is not encoded again).
-A restored participant starts with nothing remembered: its first snapshot writes everything.
+A record may be given as ``Parts``: pieces packed each on its own and joined when read. An agent's
+rollout is its fields and each step of its transcript: a rollout that passed a boundary writes its new
+steps, and its earlier ones stay in the packs they are in.
+
+The writer remembers, per file, each piece's digest and place from its last write, and the last
+pieces themselves (by identity: an immutable value that is the same object is not encoded again).
+A participant that starts (or restarts) remembers nothing: its first snapshot writes everything.
 
 ``read_records`` reads both this and the plain format (one msgpack list), which small files keep.
 """
@@ -47,14 +51,57 @@ T = TypeVar("T")
 class PackedRecords(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="packed/1", tag_field="format"
 ):
-    """A records file's index: its packs, and each record as (pack index, offset, length), in order."""
+    """A records file's index. ``spans``: every piece of every record, in order, as (pack index,
+    offset, length), pack index -1 for bytes of ``literals``; ``pieces``: how many pieces each record
+    has, in order (empty: one each). A record is its pieces' bytes joined, decoded as one value."""
 
     packs: tuple[str, ...]
     spans: tuple[tuple[int, int, int], ...]
+    pieces: tuple[int, ...] = ()
+    literals: bytes = b""
 
 
 class UnreadablePacks(ValueError):
-    """An index whose spans leave its packs, or name a pack it does not list."""
+    """An index whose spans leave its packs or its literals, or whose pieces do not add up."""
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A record given as pieces whose bytes, joined, are its msgpack encoding: ``bytes`` pieces are
+    framing kept in the index, every other piece a value encoded on its own and packed like a record.
+    So a value that did not change (a transcript's earlier steps) is linked, not written again, even
+    when the record around it changed (``struct_parts``)."""
+
+    pieces: tuple[Any, ...]
+
+
+def struct_parts(value: msgspec.Struct, *, split: tuple[str, ...]) -> Parts:
+    """``value`` (a map-encoded Struct) as pieces: each field its own piece, and each item of the
+    ``split`` fields (tuples or lists) its own piece; scalars are framing. Joined, they are
+    ``msgpack.encode(value)``."""
+    names = msgspec.structs.fields(value)
+    pieces: list[Any] = [_map_header(len(names))]
+    for f in names:
+        pieces.append(msgspec.msgpack.encode(f.encode_name))
+        item = getattr(value, f.name)
+        if f.name in split:
+            pieces.append(_array_header(len(item)))
+            pieces.extend(item)
+        elif isinstance(item, msgspec.Struct | tuple | list | dict):
+            pieces.append(item)
+        else:  # a scalar (a count, a name): framing, not worth a piece of its own
+            pieces.append(msgspec.msgpack.encode(item))
+    return Parts(tuple(pieces))
+
+
+def _map_header(n: int) -> bytes:
+    return bytes([0x80 | n]) if n < 16 else (b"\xde" + n.to_bytes(2, "big"))
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    return b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
 
 
 def packs_dir(path: Path) -> Path:
@@ -69,12 +116,24 @@ def read_records(path: Path, kind: Any = Any) -> list[Any]:
     if not isinstance(head, PackedRecords):
         return list(head)
     blobs = [memoryview((packs_dir(path) / name).read_bytes()) for name in head.packs]
-    decoder = msgspec.msgpack.Decoder(kind)
-    records = []
-    for index, offset, length in head.spans:
-        if not 0 <= index < len(blobs) or offset < 0 or length < 1 or offset + length > len(blobs[index]):
+    literals = memoryview(head.literals)
+    pieces = head.pieces or (1,) * len(head.spans)
+    if any(n < 1 for n in pieces) or sum(pieces) != len(head.spans):
+        raise UnreadablePacks(f"{path.name}: its records' pieces do not add up to its spans")
+
+    def piece(index: int, offset: int, length: int) -> memoryview:
+        blob = literals if index == -1 else blobs[index] if 0 <= index < len(blobs) else None
+        if blob is None or offset < 0 or length < 1 or offset + length > len(blob):
             raise UnreadablePacks(f"{path.name}: span ({index}, {offset}, {length}) is outside its packs")
-        records.append(decoder.decode(blobs[index][offset : offset + length]))
+        return blob[offset : offset + length]
+
+    decoder = msgspec.msgpack.Decoder(kind)
+    records, at = [], 0
+    for n in pieces:
+        spans = head.spans[at : at + n]
+        at += n
+        data = piece(*spans[0]) if n == 1 else b"".join(piece(*span) for span in spans)
+        records.append(decoder.decode(data))
     return records
 
 
@@ -91,16 +150,19 @@ class _Pack:
     name: str
     sha256: str
     size: int
-    records: int
+    records: int  # pieces it holds
+
+
+Piece = tuple[Any, bytes, bytes | None]  # (value, digest, its encoding where it had to be made)
 
 
 @dataclass
 class _LastWrite:
-    """What one file's last write left: its packs, each record's place, and the records themselves."""
+    """What one file's last write left: its packs, each piece's place, and the pieces themselves."""
 
     packs: dict[str, _Pack]
-    place: dict[bytes, tuple[str, int, int]]  # record digest -> (pack, offset, length)
-    by_identity: dict[int, tuple[Any, bytes]]  # id(record) -> (record, digest); the record kept alive
+    place: dict[bytes, tuple[str, int, int]]  # piece digest -> (pack, offset, length)
+    by_identity: dict[int, tuple[Any, bytes]]  # id(value) -> (value, digest); the value kept alive
 
 
 @dataclass
@@ -111,10 +173,6 @@ class PackWriter:
     min_live: float = MIN_LIVE
     _last: dict[str, _LastWrite] = field(default_factory=dict)
 
-    def forget(self) -> None:
-        """After a restore: nothing written before is a base any more."""
-        self._last.clear()
-
     def write(
         self,
         path: Path,
@@ -123,13 +181,20 @@ class PackWriter:
         base: Path | None,
         halfway: Callable[[Path], None] | None = None,
     ) -> tuple[FileDigest, ...]:
-        """Write ``records`` to ``path`` (the index) and its packs, linking from ``base`` (the same
-        participant's directory in the newest published snapshot) the packs that still hold enough of
-        them. The entries of every file, the linked packs marked. ``halfway`` runs with half of the new
-        pack (or of the index, when nothing is new) flushed: the ``commit_write`` fault point."""
+        """Write ``records`` (values, or ``Parts``) to ``path`` (the index) and its packs, linking from
+        ``base`` (the same participant's directory in the newest published snapshot) the packs that
+        still hold enough of them. The entries of every file, the linked packs marked. ``halfway`` runs
+        with half of the new pack (or of the index, when nothing is new) flushed: the ``commit_write``
+        fault point."""
         path.parent.mkdir(parents=True, exist_ok=True)
         last = self._last.get(path.name)
-        items = [self._identify(record, last) for record in records]
+        rows: list[list[Piece | bytes]] = [
+            [p if isinstance(p, bytes) else self._identify(p, last) for p in record.pieces]
+            if isinstance(record, Parts)
+            else [self._identify(record, last)]
+            for record in records
+        ]
+        items = [p for row in rows for p in row if not isinstance(p, bytes)]
 
         linked = self._link(path, items, last, base)
         place: dict[bytes, tuple[str, int, int]] = {
@@ -140,10 +205,10 @@ class PackWriter:
         chunks: list[bytes] = []
         offset = 0
         fresh: dict[bytes, tuple[int, int]] = {}
-        for record, digest, data in items:
+        for value, digest, data in items:
             if digest in place or digest in fresh:
                 continue
-            data = data if data is not None else _encode(record)
+            data = data if data is not None else _encode(value)
             fresh[digest] = (offset, len(data))
             chunks.append(data)
             offset += len(data)
@@ -168,45 +233,35 @@ class PackWriter:
                 FileDigest(path=_pack_path(path, new.name), sha256=sha, records=new.records, size=new.size)
             )
 
-        names = list(packs)
-        number = {name: i for i, name in enumerate(names)}
-        spans = tuple((number[place[d][0]], place[d][1], place[d][2]) for _, d, _ in items)
-        index = msgspec.msgpack.encode(PackedRecords(packs=tuple(names), spans=spans))
+        index = _index(packs, place, rows)
         write_durably(path, index, halfway=functools.partial(halfway, path) if halfway else None)
         entries.insert(
             0,
             FileDigest(
-                path=path.name, sha256=hashlib.sha256(index).hexdigest(), records=len(items), size=len(index)
+                path=path.name, sha256=hashlib.sha256(index).hexdigest(), records=len(rows), size=len(index)
             ),
         )
         self._last[path.name] = _LastWrite(
             packs=packs,
             place=place,
             by_identity={
-                id(record): (record, digest)
-                for record, digest, _ in items
-                if not isinstance(record, msgspec.Raw)
+                id(value): (value, digest) for value, digest, _ in items if not isinstance(value, msgspec.Raw)
             },
         )
         return tuple(entries)
 
     @staticmethod
-    def _identify(record: Any, last: _LastWrite | None) -> tuple[Any, bytes, bytes | None]:
-        """(record, digest, its encoding if it had to be made): the same object as last time is not
-        encoded again (records are immutable)."""
+    def _identify(value: Any, last: _LastWrite | None) -> Piece:
+        """The same object as last time is not encoded again (records are immutable)."""
         if last is not None:
-            known = last.by_identity.get(id(record))
-            if known is not None and known[0] is record:
-                return record, known[1], None
-        data = _encode(record)
-        return record, _digest(data), data
+            known = last.by_identity.get(id(value))
+            if known is not None and known[0] is value:
+                return value, known[1], None
+        data = _encode(value)
+        return value, _digest(data), data
 
     def _link(
-        self,
-        path: Path,
-        items: list[tuple[Any, bytes, bytes | None]],
-        last: _LastWrite | None,
-        base: Path | None,
+        self, path: Path, items: list[Piece], last: _LastWrite | None, base: Path | None
     ) -> dict[str, _Pack]:
         """The last write's packs worth keeping, hard-linked from ``base`` into this directory."""
         if last is None or base is None:
@@ -234,6 +289,32 @@ class PackWriter:
                 continue  # pruned, elsewhere, or another file system: its records are written instead
             linked[name] = last.packs[name]
         return linked
+
+
+def _index(
+    packs: dict[str, _Pack], place: dict[bytes, tuple[str, int, int]], rows: list[list[Piece | bytes]]
+) -> bytes:
+    """The encoded ``PackedRecords`` of records laid out as ``rows`` (each record's pieces)."""
+    number = {name: i for i, name in enumerate(packs)}
+    literals = bytearray()
+    spans: list[tuple[int, int, int]] = []
+    for row in rows:
+        for p in row:
+            if isinstance(p, bytes):
+                spans.append((-1, len(literals), len(p)))
+                literals += p
+            else:
+                name, offset, length = place[p[1]]
+                spans.append((number[name], offset, length))
+    split = any(len(row) != 1 for row in rows)
+    return msgspec.msgpack.encode(
+        PackedRecords(
+            packs=tuple(packs),
+            spans=tuple(spans),
+            pieces=tuple(len(row) for row in rows) if split else (),
+            literals=bytes(literals),
+        )
+    )
 
 
 def _pack_path(path: Path, name: str) -> str:

@@ -51,3 +51,24 @@ async def test_a_run_reports_what_its_snapshots_wrote(tmp_path: Path) -> None:
     assert summary.snapshots_published >= 3
     # The first snapshot writes everything; the later ones what changed since the one before.
     assert 0 < summary.snapshot_bytes_written["p50"] < summary.snapshot_bytes["p50"]
+
+
+def test_a_save_rehashes_a_linked_pack_only_when_it_is_not_the_base_s_file(tmp_path: Path) -> None:
+    from parkway.actors.roles.controller.save import check_files
+    from parkway.protocol.manifest import ManifestFile
+
+    base, tmp = tmp_path / "snapshot_1", tmp_path / "tmp_x"
+    (base / "p").mkdir(parents=True)
+    (tmp / "p").mkdir(parents=True)
+    (base / "p" / "a.pack").write_bytes(b"rows")
+    (tmp / "tq").mkdir()
+    (tmp / "tq" / "staging.msgpack").write_bytes(b"\x90")  # no rows (the staging check reads it)
+    os.link(base / "p" / "a.pack", tmp / "p" / "a.pack")
+    wrong = ManifestFile(path="p/a.pack", sha256="0" * 64, size=4, records=1, checkpoint_id="x", linked=True)
+    # The very file the snapshot before was checked with: its size is enough (no second hash).
+    assert check_files(tmp, [wrong], base) is None
+    # A copy is another file: hashed, and a wrong digest is found.
+    (tmp / "p" / "a.pack").unlink()
+    (tmp / "p" / "a.pack").write_bytes(b"rows")
+    problem = check_files(tmp, [wrong], base)
+    assert problem is not None and "does not match its digest" in problem[0]

@@ -482,7 +482,8 @@ class SaveSequence:
             raise SnapshotFailure(
                 "validate", f"saved episodes differ from the ledger: {mismatch}", transient=False
             )
-        problem = await asyncio.to_thread(check_files, attempt.tmp, attempt.files)
+        base = self.run.path / self.base if self.base else None
+        problem = await asyncio.to_thread(check_files, attempt.tmp, attempt.files, base)
         if problem is not None:
             detail, transient = problem
             raise SnapshotFailure("validate", detail, transient=transient)
@@ -550,11 +551,15 @@ def record_files(attempt: SaveAttempt, address: str, files: tuple[FileDigest, ..
         )
 
 
-def check_files(tmp: Path, files: list[ManifestFile]) -> tuple[str, bool] | None:
+def check_files(tmp: Path, files: list[ManifestFile], base: Path | None = None) -> tuple[str, bool] | None:
     """Every file on disk with its digest, and every staging row an agent saved in TQ's rows: None, or
-    (what is wrong, whether a later snapshot may do better). Reads files: a worker thread's job."""
+    (what is wrong, whether a later snapshot may do better). Reads files: a worker thread's job. A
+    pack linked from ``base`` (the snapshot before, checked when it was saved) that is still the very
+    file there is not hashed again: only its size is checked."""
     for entry in files:
         path = tmp / entry.path
+        if entry.linked and base is not None and _same_file(path, base / entry.path, entry.size):
+            continue
         if not path.is_file() or sha256_file(path) != entry.sha256:
             return f"{entry.path} is missing or does not match its digest", True
     # Every turn an agent saved references a staging row that TQ captured.
@@ -581,3 +586,11 @@ SAVE_STEPS: dict[SaveStep, SaveStepImplementation] = {
     SaveStep.PUBLISH: SaveSequence.publish,
 }
 check_step_table(SAVE_SEQUENCE, SAVE_STEPS)
+
+
+def _same_file(path: Path, other: Path, size: int) -> bool:
+    try:
+        mine, theirs = path.stat(), other.stat()
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino) and mine.st_size == size

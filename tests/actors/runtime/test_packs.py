@@ -11,7 +11,14 @@ from pathlib import Path
 import msgspec
 import pytest
 from parkway.actors.runtime import packs
-from parkway.actors.runtime.packs import PackedRecords, PackWriter, UnreadablePacks, packs_dir, read_records
+from parkway.actors.runtime.packs import (
+    PackedRecords,
+    PackWriter,
+    UnreadablePacks,
+    packs_dir,
+    read_records,
+    struct_parts,
+)
 
 
 class Row(msgspec.Struct, frozen=True):
@@ -143,3 +150,43 @@ def test_the_fault_point_runs_halfway_through_the_new_pack(tmp_path: Path) -> No
     with pytest.raises(OSError, match="No space"):
         PackWriter().write(tmp_path / "rows.msgpack", rows("a", 3), base=None, halfway=disk_full)
     assert not (tmp_path / "rows.msgpack").exists()  # no index names a torn pack
+
+
+class Transcript(msgspec.Struct, frozen=True, kw_only=True):
+    run: Row
+    model: tuple[Row, ...]
+    tools: tuple[Row, ...]
+    boundaries: int
+
+
+@pytest.mark.parametrize("steps", [0, 1, 15, 16, 300])
+def test_struct_parts_join_to_the_struct_s_own_encoding(steps: int) -> None:
+    value = Transcript(run=Row(key="r", tokens=()), model=tuple(rows("m", steps)), tools=(), boundaries=steps)
+    parts = struct_parts(value, split=("model", "tools"))
+    joined = b"".join(p if isinstance(p, bytes) else msgspec.msgpack.encode(p) for p in parts.pieces)
+    assert joined == msgspec.msgpack.encode(value)
+
+
+@pytest.mark.parametrize("n", [15, 16, 65535, 65536])
+def test_array_headers_are_msgpack_s(n: int) -> None:
+    assert packs._array_header(n) + b"" == msgspec.msgpack.encode([None] * n)[: len(packs._array_header(n))]
+
+
+def test_a_transcript_that_grew_writes_its_new_steps_only(tmp_path: Path) -> None:
+    writer = PackWriter()
+    run = Row(key="r", tokens=tuple(range(100)))
+    steps = rows("m", 12, size=200)
+    before = [Transcript(run=run, model=tuple(steps[:n]), tools=(), boundaries=n) for n in (6, 8)]
+    write(writer, tmp_path / "s1", [struct_parts(t, split=("model", "tools")) for t in before], base=None)
+    after = [before[0], Transcript(run=run, model=tuple(steps[:9]), tools=(), boundaries=9)]
+    entries = write(
+        writer,
+        tmp_path / "s2",
+        [struct_parts(t, split=("model", "tools")) for t in after],
+        base=tmp_path / "s1",
+    )
+
+    assert read_records(tmp_path / "s2" / "rows.msgpack", Transcript) == after
+    [new] = [e for e in entries.values() if e.path != "rows.msgpack" and not e.linked]
+    assert new.size == len(msgspec.msgpack.encode(steps[8]))  # the one step it took since
+    assert any(e.linked for e in entries.values())
