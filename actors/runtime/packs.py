@@ -79,12 +79,11 @@ def struct_parts(value: msgspec.Struct, *, split: tuple[str, ...]) -> Parts:
     """``value`` (a map-encoded Struct) as pieces: each field its own piece, and each item of the
     ``split`` fields (tuples or lists) its own piece; scalars are framing. Joined, they are
     ``msgpack.encode(value)``."""
-    names = msgspec.structs.fields(value)
-    pieces: list[Any] = [_map_header(len(names))]
-    for f in names:
-        pieces.append(msgspec.msgpack.encode(f.encode_name))
-        item = getattr(value, f.name)
-        if f.name in split:
+    pieces: list[Any] = []
+    for name, framing, whole in _layout(type(value), split):
+        pieces.append(framing)
+        item = getattr(value, name)
+        if not whole:
             pieces.append(_array_header(len(item)))
             pieces.extend(item)
         elif isinstance(item, msgspec.Struct | tuple | list | dict):
@@ -92,6 +91,21 @@ def struct_parts(value: msgspec.Struct, *, split: tuple[str, ...]) -> Parts:
         else:  # a scalar (a count, a name): framing, not worth a piece of its own
             pieces.append(msgspec.msgpack.encode(item))
     return Parts(tuple(pieces))
+
+
+@functools.cache
+def _layout(kind: type[msgspec.Struct], split: tuple[str, ...]) -> tuple[tuple[str, bytes, bool], ...]:
+    """Per field of ``kind``: its name, the bytes before its value (the map's header before the
+    first, then its encoded name) and whether its value is one piece (not split)."""
+    config = kind.__struct_config__
+    if config.array_like or config.omit_defaults or config.tag is not None:
+        raise TypeError(f"{kind.__name__} is not encoded as a plain map: its pieces would not join")
+    names, encoded = kind.__struct_fields__, kind.__struct_encode_fields__
+    header = _map_header(len(names))
+    return tuple(
+        (name, (header if i == 0 else b"") + msgspec.msgpack.encode(key), name not in split)
+        for i, (name, key) in enumerate(zip(names, encoded, strict=True))
+    )
 
 
 def _map_header(n: int) -> bytes:

@@ -13,12 +13,11 @@ from parkway.actors.storage.select import verify_snapshot
 
 from tests.support.embedded import SNAPSHOT_RUN, embedded_run
 
-pytestmark = pytest.mark.asyncio
-
 # Many snapshots over rollouts of several turns each: between two of them most rows stay as they were.
 RUN = {**SNAPSHOT_RUN, "keep_latest_k": 2}
 
 
+@pytest.mark.asyncio
 async def test_snapshots_link_what_did_not_change_and_restore_from_it(tmp_path: Path) -> None:
     from parkway.actors.roles.controller.controller import SimulatedCrash
 
@@ -46,6 +45,7 @@ async def test_snapshots_link_what_did_not_change_and_restore_from_it(tmp_path: 
     assert restored.rollouts_sealed == uncrashed.rollouts_sealed > 0
 
 
+@pytest.mark.asyncio
 async def test_a_run_reports_what_its_snapshots_wrote(tmp_path: Path) -> None:
     summary = await embedded_run({**RUN, "policy": {**RUN["policy"], "per_token_delay_s": 0.003}}, tmp_path)
     assert summary.snapshots_published >= 3

@@ -190,3 +190,11 @@ def test_a_transcript_that_grew_writes_its_new_steps_only(tmp_path: Path) -> Non
     [new] = [e for e in entries.values() if e.path != "rows.msgpack" and not e.linked]
     assert new.size == len(msgspec.msgpack.encode(steps[8]))  # the one step it took since
     assert any(e.linked for e in entries.values())
+
+
+def test_a_struct_whose_encoding_is_not_a_plain_map_is_refused() -> None:
+    class Tagged(msgspec.Struct, frozen=True, tag=True):
+        items: tuple[int, ...]
+
+    with pytest.raises(TypeError, match="plain map"):
+        struct_parts(Tagged(items=(1,)), split=("items",))
