@@ -25,6 +25,7 @@ from parkway.actors.roles.controller.snapshots import SnapshotCoordinator
 from parkway.actors.roles.controller.state import RunState
 from parkway.actors.roles.trainer import TrainerActor
 from parkway.actors.run.config import RunConfig
+from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.client import Client
 from parkway.actors.sdk.trainer import Trainer
 from parkway.brokers.base import Broker, BrokerError
@@ -53,6 +54,7 @@ log = structlog.get_logger("parkway.controller")
 
 WEIGHTS_TIMEOUT_S = 600.0  # loading a large model's weights from disk takes minutes, not seconds
 TRAINER = actor_address(Role.TRAINER, 0)
+RELEASE_RETRY_S = 120.0  # how long a release of trained rows waits out a broker that is down
 CHECKPOINT_RETRY_CAP_S = 30.0  # the longest pause between tries of a trainer checkpoint's files
 
 
@@ -229,9 +231,24 @@ class TrainingHook:
         # TQ keeps rows until the trainer consumed them: after this, a snapshot no longer carries
         # them, so what a snapshot writes stays the rows of unfinished work, however long the run.
         for shard, rollouts in by_tq_shard(consumed, self._config.topology.tq_shards).items():
-            await self._client.call(
-                f"tq/{shard}", ReleaseRows(rollout_ids=rollouts), correlation_id=f"release:{batch.groups[0]}"
+            await self._release(
+                f"tq/{shard}", ReleaseRows(rollout_ids=rollouts), f"release:{batch.groups[0]}"
             )
+
+    async def _release(self, address: str, command: ReleaseRows, correlation_id: str) -> None:
+        """ReleaseRows until TQ answers: the step is applied already, and a broker restarting meanwhile
+        (its reply lost with the connection) must not end the run. A release is idempotent: sent again,
+        it changes nothing more."""
+        await retrying(
+            lambda: self._client.call(address, command, correlation_id=correlation_id),
+            retry_on=BrokerError,
+            for_s=RELEASE_RETRY_S,
+            first_s=0.2,
+            max_s=5.0,
+            on_retry=lambda failure, pause: log.info(
+                "release_retried", to=address, error=str(failure), retry_in_s=pause
+            ),
+        )
 
     async def load_weights(self, directory: str, policy_version: int, *, locked: bool = False) -> None:
         """The policy loads the step's weights before any rollout is dispatched with its version. Not

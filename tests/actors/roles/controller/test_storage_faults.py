@@ -131,8 +131,12 @@ async def test_the_snapshot_before_stays_authoritative(
 
     monkeypatch.setattr(SaveSequence, "abort", abort_then_die)
     monkeypatch.setenv(FAULTS_ENV, "commit_write:resources=ENOSPC@2")
+    # Generated at a slower pace (a tuning setting: the restore below runs SNAPSHOT_RUN itself), so that
+    # a second snapshot comes before the rollouts end: on a loaded machine the first one took 0.38 s
+    # and SNAPSHOT_RUN's whole run 0.42 s.
+    slower = {**SNAPSHOT_RUN, "policy": {**SNAPSHOT_RUN["policy"], "per_token_delay_s": 0.003}}
     with pytest.raises(SimulatedCrash) as crash:
-        await embedded_run(SNAPSHOT_RUN, tmp_path)
+        await embedded_run(slower, tmp_path)
     monkeypatch.delenv(FAULTS_ENV)
     monkeypatch.setattr(SaveSequence, "abort", original)
     run_dir = tmp_path / RUN_DIR
