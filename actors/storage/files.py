@@ -8,8 +8,6 @@ from pathlib import Path
 
 from parkway.actors.runtime.durable import write_durably
 
-__all__ = ["files_on_disk", "fsync_dir", "replace_durably", "sha256_bytes", "sha256_file", "write_durably"]
-
 
 def sha256_file(path: Path) -> str:
     with open(path, "rb") as handle:

@@ -14,8 +14,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from parkway.actors.runtime.durable import write_durably
 from parkway.actors.runtime.faults import FaultPoints
-from parkway.actors.storage.files import fsync_dir, sha256_bytes, write_durably
+from parkway.actors.storage.files import fsync_dir, sha256_bytes
 from parkway.actors.storage.runs import RunDirectory
 from parkway.protocol.anchor import LedgerFile, encode_ledger_file
 from parkway.protocol.layout import LEDGER, MANIFEST

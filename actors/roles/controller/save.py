@@ -15,6 +15,7 @@ threads so the controller's event loop keeps dispatching (docs/snapshots.md#the-
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -589,8 +590,8 @@ check_step_table(SAVE_SEQUENCE, SAVE_STEPS)
 
 
 def _same_file(path: Path, other: Path, size: int) -> bool:
+    """``path`` is ``other`` (one inode: a hard link) and has its listed size."""
     try:
-        mine, theirs = path.stat(), other.stat()
+        return os.path.samefile(path, other) and path.stat().st_size == size
     except OSError:
         return False
-    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino) and mine.st_size == size
