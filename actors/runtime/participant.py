@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import msgspec
 import structlog
+from parkway.actors.runtime import collection
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.forgetting import AttemptKey, Fence, forget_fence_size
 from parkway.actors.runtime.memory import trim_heap
@@ -214,6 +215,9 @@ class Participant(Actor):
     # -- status --------------------------------------------------------------------------------
     def timeline(self) -> int:
         return self.epoch
+
+    def in_window(self) -> bool:
+        return self.phases.phase is not Phase.IDLE
 
     def phase_name(self) -> str:
         return self.phases.phase.value
@@ -474,6 +478,7 @@ class Participant(Actor):
         if release:
             await self.release()
         self._forget_deferred()  # what the controller forgot while the checkpoint was open
+        collection.window_ended()  # a full collection that is due runs now, as far from the next as can be
         # Keep the end events of recent ids only; the phase machine's fence is the lasting record. A
         # re-sent Resume or Abort that old is answered stale (nobody waits for it any more), so its
         # cached reply goes with the id; a journaled reply (Persist) stays to the journal's bounds.

@@ -58,6 +58,7 @@ from parkway.actors.roles.controller.summary import (
 from parkway.actors.roles.controller.training import TRAINER, TrainingHook, inline_trainer
 from parkway.actors.run.config import RunConfig
 from parkway.actors.run.tasks import Task
+from parkway.actors.runtime import collection
 from parkway.actors.runtime.actor import Actor
 from parkway.actors.runtime.settings import cluster_wait_s
 from parkway.actors.sdk.trainer import Trainer
@@ -169,6 +170,10 @@ class Controller(Actor):
     def open_gate(self) -> None:
         self.gate.open()
         self._wake.set()
+        collection.window_ended()  # a full collection that is due runs now, after the window
+
+    def in_window(self) -> bool:
+        return not self.gate.is_open
 
     def paused_s(self) -> float:
         return self.gate.paused_s()
