@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import structlog
-from parkway.actors.runtime import collection, heartbeat, memory, tracing
+from parkway.actors.runtime import heartbeat, memory, tracing
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
@@ -146,16 +146,6 @@ class Actor:
         self.metrics.gauge(
             "parkway_handlers_in_flight", "Deliveries being handled now", lambda: self.in_flight
         )
-        self.metrics.gauge(  # the process's scheduled collections (``collection.py``)
-            "parkway_gc_full_collections",
-            "Full garbage collections this process scheduled outside checkpoints",
-            lambda: collection.totals.collections,
-        )
-        self.metrics.gauge(
-            "parkway_gc_full_seconds",
-            "Seconds this process spent in its scheduled full garbage collections",
-            lambda: collection.totals.seconds,
-        )
         self.metrics.registry.register(StructureCollector(self))  # parkway_structure_entries, at scrape
         self.handlers: dict[type[Message], Handler] = {
             Status: self.on_status,
@@ -175,11 +165,6 @@ class Actor:
     def run(self) -> str:
         return self.broker.run
 
-    def in_window(self) -> bool:
-        """Whether this actor is inside a checkpoint now (no scheduled collection runs meanwhile:
-        ``collection.py``). A participant is from its Prepare to the checkpoint's end."""
-        return False
-
     def log_context(self) -> dict[str, object]:
         return {"actor": self.address, "role": self.role, "replica": self.replica, "run": self.run}
 
@@ -189,7 +174,6 @@ class Actor:
         prefetch = {Lane.DATA: self.prefetch, Lane.CONTROL: self.control_prefetch}
         self._consumers = await self.broker.consume_lanes(self.address, self._on_delivery, prefetch=prefetch)
         self._heartbeat = asyncio.get_running_loop().create_task(heartbeat.beat(self))
-        collection.attach(id(self), self.in_window)  # full collections outside checkpoints
         memory.attach(self)  # SIGUSR2 logs its memory report; PARKWAY_TRACEMALLOC traces from boot
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             log.info("actor_started", pid=os.getpid())
@@ -198,7 +182,6 @@ class Actor:
     async def stop(self) -> None:
         """Finish the handlers in progress; leave everything not yet started unacked for redelivery."""
         memory.detach(self)
-        await collection.detach(id(self))
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -6,17 +6,18 @@ flight on a busy 2-core machine one took 40 to 320 ms of wall time in the agents
 controller (``gc.callbacks``), and one that ran just as a Prepare arrived, or while the controller
 waited for the Prepared replies, held the snapshot window that long: the tail of its p95.
 
-While an actor of this process runs (``attach``, from ``Actor.start``), the process collects on a
-schedule instead:
+While an actor of this process runs (``attach``, from ``memory.attach`` at ``Actor.start``), the
+process collects on a schedule instead:
 
-- what is alive once the first actor started (modules, functions, classes: about two thirds of the
+- what is alive once the first actor started (modules, functions, classes: some 50,000 of the
   objects a collection walked) is frozen (``gc.freeze``): no collection walks it again;
 - only the youngest generation is collected automatically (a few hundred objects: well under a
   millisecond); what survives it waits for the next full collection;
 - a full collection runs every ``PARKWAY_GC_EVERY_S`` seconds (10 by default), never while one of the
   process's actors is inside a checkpoint (a participant between its Prepare and the checkpoint's
   end, the controller while its admission gate is closed), and right after a checkpoint ends when
-  one is due, which is when the next one is furthest away.
+  one is due, which is when the next one is furthest away; a checkpoint held open six intervals no
+  longer defers it.
 
 Garbage without cycles is freed at once by reference counting, as always; only cyclic garbage waits,
 at most one interval. ``PARKWAY_GC=python`` leaves Python's own collector as it is. When the last
@@ -32,8 +33,10 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
+from parkway.actors.runtime.metrics import ActorMetrics
 from parkway.actors.runtime.settings import SettingsError
 
 log = structlog.get_logger("parkway.gc")
@@ -44,6 +47,9 @@ SCHEDULED, PYTHON = "scheduled", "python"
 DEFAULT_EVERY_S = 10.0
 TICK_S = 0.5  # how often the schedule looks whether a full collection is due
 NEVER = 2**30  # a threshold no count reaches: that generation is not collected automatically
+# A checkpoint held open this many intervals (a controller gone, a lease running out) no longer
+# defers the collection: cyclic garbage must not pile up behind a stuck checkpoint.
+OVERDUE_INTERVALS = 6
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,8 @@ class _Collector:
     def collect_if_due(self) -> None:
         if not self.due():
             return
-        if self.busy():
+        overdue = time.monotonic() - self.last >= self.schedule.every_s * OVERDUE_INTERVALS
+        if self.busy() and not overdue:
             totals.deferred += 1
             return
         started = time.perf_counter()
@@ -118,10 +125,27 @@ totals = Totals()
 _collector: _Collector | None = None
 
 
-def attach(key: int, in_window: Callable[[], bool], schedule: Schedule | None = None) -> bool:
-    """An actor of this process started (``key``: its id); ``in_window`` says whether it is inside a
-    checkpoint now. The first one sets the schedule up. False when the schedule is off."""
+class Attached(Protocol):
+    """What the schedule needs of an actor: its metrics, and whether it is inside a checkpoint now
+    (a role without checkpoints has no ``in_window``: never)."""
+
+    metrics: ActorMetrics
+
+
+def attach(actor: Attached, schedule: Schedule | None = None) -> bool:
+    """An actor of this process started (``memory.attach``); the first one sets the schedule up.
+    False when the schedule is off (``PARKWAY_GC=python``)."""
     global _collector
+    actor.metrics.gauge(
+        "parkway_gc_full_collections",
+        "Full garbage collections this process scheduled outside checkpoints",
+        lambda: totals.collections,
+    )
+    actor.metrics.gauge(
+        "parkway_gc_full_seconds",
+        "Seconds this process spent in its scheduled full garbage collections",
+        lambda: totals.seconds,
+    )
     chosen = schedule or Schedule.from_env()
     if chosen.mode == PYTHON and _collector is None:
         return False
@@ -131,25 +155,31 @@ def attach(key: int, in_window: Callable[[], bool], schedule: Schedule | None = 
         # unfreeze when the last actor stops: a collection first would cost every test's cluster).
         gc.freeze()
         gc.set_threshold(_collector.thresholds[0], NEVER, NEVER)
-    _collector.in_window[key] = in_window
-    if _collector.timer is None or _collector.timer.done():
-        _collector.timer = asyncio.get_running_loop().create_task(_collector.tick())
+    _collector.in_window[id(actor)] = getattr(actor, "in_window", _never)
+    loop = asyncio.get_running_loop()
+    timer = _collector.timer
+    if timer is None or timer.done() or timer.get_loop() is not loop:  # (a loop of its own: a test's)
+        if timer is not None and not timer.done() and not timer.get_loop().is_closed():
+            timer.get_loop().call_soon_threadsafe(timer.cancel)
+        _collector.timer = loop.create_task(_collector.tick())
     return True
 
 
-async def detach(key: int) -> None:
+def detach(actor: Attached) -> None:
     """An actor stopped; after the last one the collector is Python's again."""
     global _collector
     collector = _collector
-    if collector is None or collector.in_window.pop(key, None) is None or collector.in_window:
+    if collector is None or collector.in_window.pop(id(actor), None) is None or collector.in_window:
         return
     _collector = None
-    if collector.timer is not None:
-        collector.timer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-            await collector.timer
+    if collector.timer is not None and not collector.timer.get_loop().is_closed():
+        collector.timer.get_loop().call_soon_threadsafe(collector.timer.cancel)
     gc.set_threshold(*collector.thresholds)
     gc.unfreeze()
+
+
+def _never() -> bool:
+    return False
 
 
 def window_ended() -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
+from parkway.actors.runtime import collection
 from parkway.actors.runtime.settings import SettingsError
 from parkway.actors.runtime.structures import read_sizes
 from parkway.protocol.inspection import Allocation, HeapUsage, MemoryReport, MemoryUsage
@@ -198,7 +199,9 @@ def log_reports() -> None:
 
 
 def attach(actor: Actor) -> None:
-    """At start: tracing from boot if asked, and this actor in the SIGUSR2 report."""
+    """At start: tracing from boot if asked, this actor in the SIGUSR2 report, and its process's
+    garbage collection on the schedule of ``collection.py``."""
+    collection.attach(actor)
     frames = tracemalloc_frames()
     if frames and not tracemalloc.is_tracing():
         tracemalloc.start(frames)
@@ -214,6 +217,7 @@ def attach(actor: Actor) -> None:
 
 
 def detach(actor: Actor) -> None:
+    collection.detach(actor)
     global _handled_on
     with contextlib.suppress(ValueError):
         _live.remove(actor)
