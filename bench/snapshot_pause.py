@@ -31,8 +31,11 @@ Per snapshot the controller records the window (``pause_ms``), its save steps (`
 steps the save sequence has, reported as they come), the rollouts saved, the bytes it holds and
 those it wrote (the rest linked from the snapshot before), and how long agents waited for their
 rollouts to reach a boundary. Per variant the report gives the median over rounds of each round's p50
-and p95 window and of each step's p50, and the 1-minute load before and after every point. Then the issue's figures, each from the rounds' p95s both as the median of the
-per-round ratios and as the ratio of the medians, against its bound (p95 <= 50 ms; ratios <= 1.5).
+and p95 window and of each step's p50, the 1-minute load before and after every point, and the
+snapshots whose window waited over 20 ms for receipts already on the wire (``drained``: taken while
+many rollouts were finishing) with the p95 of the others. Then the issue's figures, each from the
+rounds' p95s both as the median of the per-round ratios and as the ratio of the medians, against its
+bound (p95 <= 50 ms; ratios <= 1.5).
 
 ``--baseline DIR`` compares with another build in the same sitting: DIR is a ``PYTHONPATH`` entry
 whose ``parkway`` is the other build (a link tree: ``ln -s /path/to/old-checkout DIR/parkway``). Every
@@ -267,15 +270,28 @@ async def tool_calls_running(c: cluster.Cluster) -> int:
     return sum([(await c.status(f"resources/{i}")).in_flight for i in range(replicas)])
 
 
+# A snapshot whose window waited this long for receipts already on the wire (``drain_receipts``): one
+# taken while many rollouts were finishing. Counted apart, so the window's tail with and without them
+# can be told apart (reported, not a check).
+DRAINED_MS = 20.0
+
+
+def drained(record: dict[str, Any]) -> bool:
+    return float(record.get("steps_ms", {}).get("drain_receipts", 0.0)) > DRAINED_MS
+
+
 def summarize(records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
     """One point's figures from the controller's records (steps: whatever the records name)."""
     pause = [r["pause_ms"] for r in records]
+    undrained = [r["pause_ms"] for r in records if not drained(r)]
     waits = [r["park_wait_ms"] for r in records if "park_wait_ms" in r]
     return {
         "snapshots": len(records),
         "failed": failed,
         "rollouts_saved_p50": statistics.median([r.get("rollouts", 0) for r in records]) if records else 0,
         "pause_ms": percentiles(pause),
+        "drained": len(pause) - len(undrained),
+        "pause_undrained_ms": percentiles(undrained) if undrained else None,
         "park_wait_ms": percentiles(waits) if waits else None,
         "pause_without_park_wait_ms": percentiles(
             [max(0.0, r["pause_ms"] - r["park_wait_ms"]) for r in records]
@@ -336,6 +352,11 @@ def aggregate(
                     "pause_p50_ms": round(statistics.median(p["pause_ms"]["p50"] for p in mine), 3),
                     "pause_p95_ms": round(statistics.median(p["pause_ms"]["p95"] for p in mine), 3),
                     "pause_p95_ms_by_round": {p["round"]: p["pause_ms"]["p95"] for p in mine},
+                    # Snapshots that waited over DRAINED_MS for receipts, and the p95 of the others.
+                    "drained": sum(p.get("drained", 0) for p in mine),
+                    "pause_p95_undrained_ms": median_or_none(
+                        [p["pause_undrained_ms"]["p95"] for p in mine if p.get("pause_undrained_ms")]
+                    ),
                     "park_wait_p50_ms": median_or_none(
                         [p["park_wait_ms"]["p50"] for p in mine if p["park_wait_ms"]]
                     ),
@@ -457,6 +478,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "pause p50",
         "p95",
         "p95 per round",
+        "drained",
+        "p95 undrained",
         "park wait p50",
         "without p50",
         "tool calls running min / p50",
@@ -476,6 +499,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             ms(r["pause_p50_ms"]),
             ms(r["pause_p95_ms"]),
             " ".join(f"{v:.0f}" for v in r["pause_p95_ms_by_round"].values()),
+            r.get("drained", "-"),
+            ms(r.get("pause_p95_undrained_ms")),
             ms(r["park_wait_p50_ms"]),
             ms(r["without_park_wait_p50_ms"]),
             f"{r['tool_calls_running']['min']} / {ms(r['tool_calls_running']['p50'])}",
@@ -486,7 +511,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    return common.markdown_table(headers, body, "ll" + "r" * 6 + "l" + "r" * 5 + "l" + "r" * len(steps))
+    return common.markdown_table(headers, body, "ll" + "r" * 6 + "l" + "r" * 7 + "l" + "r" * len(steps))
 
 
 def checks_table(found: list[dict[str, Any]]) -> str:

@@ -81,7 +81,7 @@ class Totals:
 
     collections: int = 0
     seconds: float = 0.0  # spent in them
-    deferred: int = 0  # times one was due while a checkpoint was open
+    deferred: int = 0  # looks (every TICK_S) that found one due while a checkpoint was open
     last_ms: float = 0.0
 
 

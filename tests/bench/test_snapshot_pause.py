@@ -80,6 +80,17 @@ def test_steps_are_whatever_the_records_name_in_the_order_they_come() -> None:
     assert without_waits["park_wait_ms"] is None and without_waits["pause_without_park_wait_ms"] is None
 
 
+def test_snapshots_that_waited_for_receipts_are_counted_apart() -> None:
+    records = [record(10.0 + i, {"drain_receipts": 1.0}) for i in range(9)]
+    records += [record(300.0, {"drain_receipts": 250.0}), record(20.0, {"drain_receipts": 20.0})]
+    made = bench.summarize(records, failed=0)
+    assert made["drained"] == 1  # over 20 ms only
+    assert made["pause_undrained_ms"]["p95"] < 25.0 < made["pause_ms"]["p95"]
+    assert bench.summarize([record(40.0, {"prepare": 1.0})], failed=0)["drained"] == 0  # no such step
+    none_left = bench.summarize([record(300.0, {"drain_receipts": 250.0})], failed=0)
+    assert none_left["drained"] == 1 and none_left["pause_undrained_ms"] is None
+
+
 def point(name: str, round_index: int, p95: float, steps: dict[str, float]) -> dict[str, Any]:
     made = bench.summarize([record(p95 / 2, steps), record(p95, steps)], failed=0)
     made["pause_ms"]["p95"] = p95  # the figure the ratios are made of, exactly
@@ -114,6 +125,7 @@ def test_medians_over_rounds_and_the_issues_ratios_two_ways() -> None:
     rows = {r["variant"]: r for r in bench.aggregate(points, variants, ["rabbitmq"])}
     assert rows["n256"]["pause_p95_ms"] == 50.0 and rows["n256"]["rounds"] == 3
     assert rows["n256"]["pause_p95_ms_by_round"] == {0: 40.0, 1: 60.0, 2: 50.0}
+    assert rows["n256"]["drained"] == 0 and rows["n256"]["pause_p95_undrained_ms"] is not None
     assert list(rows["n16"]["steps_ms_p50"]) == ["prepare", "publish", "commit"]
     assert rows["n16"]["steps_ms_p50"] == {"prepare": 2.0, "publish": 3.0, "commit": 2.0}
     assert rows["n16"]["tool_calls_running"] == {"min": 2, "p50": 3.0}
