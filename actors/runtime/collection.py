@@ -37,7 +37,7 @@ from typing import Protocol
 
 import structlog
 from parkway.actors.runtime.metrics import ActorMetrics
-from parkway.actors.runtime.settings import SettingsError
+from parkway.actors.runtime.settings import SettingsError, seconds_setting
 
 log = structlog.get_logger("parkway.gc")
 
@@ -63,15 +63,9 @@ class Schedule:
         mode = env.get(GC_ENV, "").strip().lower() or SCHEDULED
         if mode not in (SCHEDULED, PYTHON):
             raise SettingsError(f"{GC_ENV}={mode!r}: want {SCHEDULED!r} (the default) or {PYTHON!r}")
-        text = env.get(GC_EVERY_ENV, "").strip()
-        try:
-            every_s = float(text) if text else DEFAULT_EVERY_S
-        except ValueError:
-            every_s = -1.0
-        if not 0.1 <= every_s <= 3600:
-            raise SettingsError(
-                f"{GC_EVERY_ENV}={text!r}: want seconds between full collections, 0.1 to 3600"
-            )
+        every_s = seconds_setting(
+            env, GC_EVERY_ENV, DEFAULT_EVERY_S, within=(0.1, 3600), meaning="seconds between full collections"
+        )
         return cls(mode=mode, every_s=every_s)
 
 

@@ -13,11 +13,6 @@ unless ``PARKWAY_INSECURE_SHARED_SECRET=1`` says so on purpose (docs/security.md
 to answer before its run starts (120 s by default; compose starts the services in any order).
 ``PARKWAY_REPLY_JOURNAL_MAX_BYTES`` and ``PARKWAY_REPLY_MAX_AGE_S`` bound the reply journal
 (``runtime/replies.py``); ``PARKWAY_TRACEMALLOC`` starts tracing allocations at boot (``runtime/memory.py``).
-    return _seconds(os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
-
-
-def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    text = environ.get(name, "").strip()
 """
 
 from __future__ import annotations
@@ -75,10 +70,20 @@ def max_body_bytes(environ: Mapping[str, str] | None = None) -> int:
 
 def cluster_wait_s(environ: Mapping[str, str] | None = None) -> float:
     """How long a controller waits for its participants to answer: ``PARKWAY_CLUSTER_WAIT_S``, else 120 s."""
-    return _seconds(os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S)
+    return seconds_setting(
+        os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S
+    )
 
 
-def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+def seconds_setting(
+    environ: Mapping[str, str],
+    name: str,
+    default: float,
+    within: tuple[float, float] | None = None,
+    meaning: str = "a number of seconds",
+) -> float:
+    """A duration from ``environ[name]``; ``default`` when unset. Refused (SettingsError) unless a
+    finite number above 0, and within ``within`` (both ends included) when given."""
     text = environ.get(name, "").strip()
     if not text:
         return default
@@ -86,14 +91,20 @@ def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise SettingsError(f"{name}={text!r}: want a number of seconds above 0")
+    if within is not None:
+        low, high = within
+        if not low <= seconds <= high:
+            raise SettingsError(f"{name}={text!r}: want {meaning}, {low:g} to {high:g}")
+    elif not 0 < seconds < float("inf"):
+        raise SettingsError(f"{name}={text!r}: want {meaning} above 0")
     return seconds
 
 
 def max_deadline_s(environ: Mapping[str, str] | None = None) -> float:
     """How far ahead of now a control command's deadline may be: ``PARKWAY_MAX_DEADLINE_S``, else 3600 s."""
-    return _seconds(os.environ if environ is None else environ, MAX_DEADLINE_ENV, DEFAULT_MAX_DEADLINE_S)
+    return seconds_setting(
+        os.environ if environ is None else environ, MAX_DEADLINE_ENV, DEFAULT_MAX_DEADLINE_S
+    )
 
 
 def reply_journal_max_bytes(environ: Mapping[str, str] | None = None) -> int:
@@ -127,7 +138,7 @@ def reply_max_age_s(environ: Mapping[str, str] | None = None) -> float:
     (7200 s). Never below ``PARKWAY_MAX_DEADLINE_S``: a command retried within its deadline must still
     find its reply."""
     env = os.environ if environ is None else environ
-    age = _seconds(env, REPLY_MAX_AGE_ENV, max(DEFAULT_REPLY_MAX_AGE_S, 2 * max_deadline_s(env)))
+    age = seconds_setting(env, REPLY_MAX_AGE_ENV, max(DEFAULT_REPLY_MAX_AGE_S, 2 * max_deadline_s(env)))
     if age < max_deadline_s(env):
         raise SettingsError(
             f"{REPLY_MAX_AGE_ENV}={age:g}: below {MAX_DEADLINE_ENV}={max_deadline_s(env):g}; a command "
@@ -153,8 +164,8 @@ class ReceiptResend:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ReceiptResend:
         env = os.environ if environ is None else environ
-        first_s = _seconds(env, RECEIPT_RESEND_ENV, DEFAULT_RESEND_S)
-        max_s = _seconds(env, RECEIPT_RESEND_MAX_ENV, max(DEFAULT_RESEND_MAX_S, first_s))
+        first_s = seconds_setting(env, RECEIPT_RESEND_ENV, DEFAULT_RESEND_S)
+        max_s = seconds_setting(env, RECEIPT_RESEND_MAX_ENV, max(DEFAULT_RESEND_MAX_S, first_s))
         if max_s < first_s:
             raise SettingsError(f"{RECEIPT_RESEND_MAX_ENV}={max_s}: below {RECEIPT_RESEND_ENV}={first_s}")
         text = env.get(RECEIPT_RESENDS_ENV, "").strip()
