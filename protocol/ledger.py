@@ -5,7 +5,13 @@ raises ``LedgerError`` (an invariant violation, never a wire error). Stale or du
 agents are not errors of the ledger: ``seal`` and ``fail`` say what they did with them.
 
     group:   GENERATING -> READY_TO_FINALIZE -> FINALIZING -> (removed)
-    attempt: RESERVED -> DISPATCHED -> SEALED | FAILED | ABANDONED;  ABANDONED -> RETIRED
+    attempt: RESERVED -> DISPATCHED -> SEALING -> SEALED;  DISPATCHED | SEALING -> FAILED | ABANDONED;
+             ABANDONED -> RETIRED
+
+``SEALING``: the attempt's receipt arrived and its canonical row is being made in TQ. Its agent is done
+with it, so a snapshot neither waits for nor restarts it: the ledger a snapshot saves holds the
+receipt (reward, turns, staging keys), and a restore seals it again (TQ's seal is idempotent per
+capture key) before anything is dispatched (docs/snapshots.md#receipts-in-the-cut).
 
 Identities: the logical rollout id ``{group_id}_g{i}`` is stable across attempts; the attempt index is
 allocated at reservation, +1 per new attempt; the capture key is ``<logical>`` for attempt 0 and
@@ -34,6 +40,7 @@ class GroupState(StrEnum):
 class AttemptState(StrEnum):
     RESERVED = "reserved"
     DISPATCHED = "dispatched"
+    SEALING = "sealing"  # its receipt arrived; its canonical row is being made in TQ
     SEALED = "sealed"
     FAILED = "failed"
     ABANDONED = "abandoned"
@@ -42,6 +49,7 @@ class AttemptState(StrEnum):
 
 class AttemptEvent(StrEnum):
     DISPATCH = "dispatch"
+    RECEIVE = "receive"  # its agent's Completed receipt
     SEAL = "seal"
     FAIL = "fail"
     ABANDON = "abandon"
@@ -62,9 +70,13 @@ class Granularity(StrEnum):
 ATTEMPT_TRANSITIONS: dict[tuple[AttemptState, AttemptEvent], AttemptState] = {
     (AttemptState.RESERVED, AttemptEvent.DISPATCH): AttemptState.DISPATCHED,
     (AttemptState.RESERVED, AttemptEvent.ABANDON): AttemptState.ABANDONED,
+    (AttemptState.DISPATCHED, AttemptEvent.RECEIVE): AttemptState.SEALING,
     (AttemptState.DISPATCHED, AttemptEvent.SEAL): AttemptState.SEALED,
     (AttemptState.DISPATCHED, AttemptEvent.FAIL): AttemptState.FAILED,
     (AttemptState.DISPATCHED, AttemptEvent.ABANDON): AttemptState.ABANDONED,
+    (AttemptState.SEALING, AttemptEvent.SEAL): AttemptState.SEALED,
+    (AttemptState.SEALING, AttemptEvent.FAIL): AttemptState.FAILED,  # TQ refused its seal
+    (AttemptState.SEALING, AttemptEvent.ABANDON): AttemptState.ABANDONED,  # prompt_group redo
     (AttemptState.SEALED, AttemptEvent.ABANDON): AttemptState.ABANDONED,  # prompt_group discards it
     (AttemptState.ABANDONED, AttemptEvent.RETIRE): AttemptState.RETIRED,
 }
@@ -89,6 +101,9 @@ class Attempt:
     # The policy replica its calls go to, when not the one its rollout id hashes to: after a restore
     # onto another number of them, the replica that took over the saved prefix (protocol/placement.py).
     policy: int | None = None
+    # While SEALING (and once SEALED): the staging rows its receipt named, which a seal made again
+    # after a restore needs (empty: the rows of its own capture key, in turn order).
+    staging_keys: tuple[str, ...] = ()
 
     def move(self, event: AttemptEvent) -> None:
         after = ATTEMPT_TRANSITIONS.get((self.state, event))
@@ -129,6 +144,10 @@ class Group:
         if after is None:
             raise LedgerError(f"group {self.group_id}: {event.value} is illegal in state {self.state.value}")
         self.state = after
+
+
+# A prompt_group redo abandons every sibling's current attempt but the failed and the given up.
+_ABANDONABLE = (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALING, AttemptState.SEALED)
 
 
 class SealOutcome(StrEnum):
@@ -201,24 +220,50 @@ class Ledger:
         current.replica = replica
         return current
 
+    def receive(
+        self, rollout: str, attempt: int, *, reward: float, turns: int, staging_keys: tuple[str, ...] = ()
+    ) -> SealOutcome:
+        """The attempt's receipt arrived: SEALING until ``seal``, with what a seal needs. SEALED here
+        means it moved to SEALING (a receipt of an attempt already SEALING is a DUPLICATE)."""
+        target = self._receipt_target(rollout, attempt)
+        if target.state in (AttemptState.SEALED, AttemptState.SEALING):
+            return SealOutcome.DUPLICATE
+        if target is not self.sibling(rollout).current or target.state is not AttemptState.DISPATCHED:
+            return SealOutcome.STALE
+        target.move(AttemptEvent.RECEIVE)
+        target.reward, target.turns, target.staging_keys = reward, turns, staging_keys
+        return SealOutcome.SEALED
+
     def seal(self, rollout: str, attempt: int, *, reward: float, turns: int) -> SealOutcome:
-        sibling = self.sibling(rollout)
-        if not 0 <= attempt < len(sibling.attempts):  # (a negative index would pick the current one)
-            raise LedgerError(f"receipt for {rollout} attempt {attempt}, which was never reserved")
-        target = sibling.attempts[attempt]
+        target = self._receipt_target(rollout, attempt)
         if target.state is AttemptState.SEALED:
             return SealOutcome.DUPLICATE
-        if target is not sibling.current or target.state is not AttemptState.DISPATCHED:
+        if target is not self.sibling(rollout).current or target.state not in (
+            AttemptState.DISPATCHED,
+            AttemptState.SEALING,
+        ):
             return SealOutcome.STALE
         target.move(AttemptEvent.SEAL)
         target.reward, target.turns = reward, turns
         self._settle_if_done(self.group_of(rollout))
         return SealOutcome.SEALED
 
+    def _receipt_target(self, rollout: str, attempt: int) -> Attempt:
+        sibling = self.sibling(rollout)
+        if not 0 <= attempt < len(sibling.attempts):  # (a negative index would pick the current one)
+            raise LedgerError(f"receipt for {rollout} attempt {attempt}, which was never reserved")
+        return sibling.attempts[attempt]
+
     def fail(self, rollout: str, attempt: int, *, code: str, turns: int = 0) -> FailurePlan:
+        """A failed attempt, DISPATCHED (its agent's receipt, the watchdog) or SEALING (TQ refused its
+        seal, or the seal never came back); anything else is stale."""
         group, sibling = self._siblings[rollout]
         target = sibling.attempts[attempt] if 0 <= attempt < len(sibling.attempts) else None
-        if target is None or target is not sibling.current or target.state is not AttemptState.DISPATCHED:
+        if (
+            target is None
+            or target is not sibling.current
+            or target.state not in (AttemptState.DISPATCHED, AttemptState.SEALING)
+        ):
             return FailurePlan(stale=True)
         target.move(AttemptEvent.FAIL)
         target.failure, target.turns = code, turns
@@ -252,7 +297,7 @@ class Ledger:
             if current.state is AttemptState.DISPATCHED:
                 assert current.replica is not None
                 running.append((s.rollout_id, current.index, current.replica))
-            if current.state in (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALED):
+            if current.state in _ABANDONABLE:
                 current.move(AttemptEvent.ABANDON)
         return tuple(running)
 
@@ -314,7 +359,7 @@ class Ledger:
         group = self.groups[group_id]
         for sibling in group.siblings:
             current = sibling.current
-            if current.state in (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALED):
+            if current.state in _ABANDONABLE:
                 current.move(AttemptEvent.ABANDON)
                 current.move(AttemptEvent.RETIRE)
                 replica = current.replica
@@ -324,7 +369,12 @@ class Ledger:
         # Not a failure: ``redos`` counts the group's failures against ``max_attempts``.
 
     def dispatched(self) -> set[tuple[str, int]]:
+        """Attempts running on their agents (not SEALING: those finished there)."""
         return {(s.rollout_id, a.index) for s, a in self.attempts() if a.state is AttemptState.DISPATCHED}
+
+    def sealing(self) -> list[tuple[Sibling, Attempt]]:
+        """Attempts whose receipt arrived and whose seal has not come back, in ledger order."""
+        return [(s, a) for s, a in self.attempts() if a.state is AttemptState.SEALING]
 
     # -- persistence ---------------------------------------------------------------------------------
     def export(self) -> bytes:
@@ -347,8 +397,11 @@ class Ledger:
         return [(s, a) for g in self.groups.values() for s in g.siblings for a in s.attempts]
 
     def in_flight(self) -> int:
-        """Attempts dispatched and not settled. A reserved attempt waiting for the gate is not running."""
-        return sum(1 for _, a in self.attempts() if a.state is AttemptState.DISPATCHED)
+        """Attempts dispatched and not settled (SEALING included: their rows are still being made). A
+        reserved attempt waiting for the gate is not running."""
+        return sum(
+            1 for _, a in self.attempts() if a.state in (AttemptState.DISPATCHED, AttemptState.SEALING)
+        )
 
 
 class _LedgerRecord(msgspec.Struct):

@@ -46,6 +46,9 @@ class RestoreStep(StrEnum):
     RESTORE_TQ = "restore_tq"  # last: nothing generated before the fence survives in it
     FENCE_TQ = "fence_tq"  # after TQ's restore, which drops the fences it had
     RESUME = "resume"  # exactly once, by one owner
+    # The attempts whose receipts the ledger saved while their seal was on its way (SEALING): TQ makes
+    # their canonical rows again (idempotent), the ledger seals them, their agents get the Ack.
+    FINISH_SEALS = "finish_seals"
     OPEN_GATE = "open_gate"
 
 
@@ -111,6 +114,7 @@ RESTORE_SEQUENCE: tuple[Step[RestoreStep], ...] = (
     Step(RestoreStep.RESTORE_TQ, stages("tq")),
     Step(RestoreStep.FENCE_TQ, stages("tq")),
     Step(RestoreStep.RESUME, stages("resources", "policy", "agent", "tq")),
+    Step(RestoreStep.FINISH_SEALS),
     Step(RestoreStep.OPEN_GATE),
 )
 

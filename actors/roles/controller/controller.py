@@ -187,6 +187,9 @@ class Controller(Actor):
     def observe(self, address: str, report: StatusReport) -> bool:
         return self.liveness.observe(address, report)
 
+    async def finish_seals(self) -> int:
+        return await self.receipts.finish_restored()
+
     async def wait_for_receipts(self, timeout_s: float) -> None:
         self._wake.clear()
         with anyio.move_on_after(timeout_s):
@@ -299,6 +302,7 @@ class Controller(Actor):
     ) -> RunSummary:
         self.retirement.config = config
         self.receipts.tq_shards = config.topology.tq_shards
+        self.receipts.agents = config.topology.agents
         self.forgetting.bound_by(config.rollout.max_in_flight)
         dispatcher = Dispatcher(
             client=self.client,

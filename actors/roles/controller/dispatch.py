@@ -216,7 +216,9 @@ class Dispatcher:
     def stalled(self, timeout_s: float) -> list[tuple[str, int]]:
         """Attempts running longer than ``timeout_s``, not counting the time they were parked."""
         now, paused = time.monotonic(), self._gate.paused_s()
-        live = self._state.ledger.dispatched()
+        ledger = self._state.ledger
+        # A seal that never comes back stalls its attempt as well (failed, it is redone).
+        live = ledger.dispatched() | {(s.rollout_id, a.index) for s, a in ledger.sealing()}
         # An attempt that is no longer running (failed, replaced, restored over) needs no clock: the
         # clocks held are those of the attempts running, each tick (work proportional to them).
         for key in self._dispatched_at.keys() - live:

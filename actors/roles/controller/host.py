@@ -70,6 +70,10 @@ class SnapshotHost(Protocol):
         """Note an agent's incarnation; True (and its rollouts restarted) when it is a new process."""
         ...
 
+    async def finish_seals(self) -> int:
+        """After a restore: seal the attempts the ledger saved SEALING; how many there were."""
+        ...
+
     async def wait_for_receipts(self, timeout_s: float) -> None:
         """Return when a receipt (or anything else) changed the ledger, or after ``timeout_s``."""
         ...

@@ -19,7 +19,7 @@ from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.history import History
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Receipt, RolloutSealed
-from parkway.protocol.ledger import SealOutcome
+from parkway.protocol.ledger import AttemptState, SealOutcome
 from parkway.protocol.messages import AttemptRef, Completed, Error, Failed, SealRows
 from parkway.protocol.placement import tq_address
 
@@ -46,6 +46,7 @@ class Receipts:
         self._forgetting = forgetting
         self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
         self.tq_shards = 1  # the run's (``topology.tq_shards``): a seal goes to its rollout's shard
+        self.agents = 1  # the run's agent replicas (``topology.agents``): where an Ack can go
 
     def _acknowledge(self, receipt: Completed | Failed) -> None:
         key = (receipt.rollout_id, receipt.attempt)
@@ -74,54 +75,110 @@ class Receipts:
             self._counts["receipts_stale"] += 1
             log.warning("receipt_unknown_attempt", rollout_id=receipt.rollout_id, attempt=receipt.attempt)
         else:
-            sibling = ledger.sibling(receipt.rollout_id)
-            target = sibling.attempts[receipt.attempt]
-            running = target is sibling.current and target.state.value == "dispatched"
-            # Canonical rows first: a group the ledger settles must be readable by the trainer.
-            if running and not await self._seal_rows(receipt):
-                self._stale_seal(receipt)
-                self._acknowledge(receipt)
-                return
-            outcome = ledger.seal(
-                receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns
-            )
-            self._history.record(
-                Receipt(
-                    rollout_id=receipt.rollout_id,
-                    attempt=receipt.attempt,
-                    of="completed",
-                    outcome=outcome.value,
-                )
-            )
-            if outcome is SealOutcome.SEALED:
-                if self._forgetting is not None:  # its Ack is queued below: forgotten once it is sent
-                    self._forgetting.ended(
-                        dispatched_refs(sibling), ack_of=(receipt.rollout_id, receipt.attempt)
-                    )
-                self._counts["rollouts_sealed"] += 1
-                self._counts["turns_kept"] += receipt.turns
-                self.seals += 1
-                self._history.record(
-                    RolloutSealed(
-                        rollout_id=receipt.rollout_id,
-                        attempt=receipt.attempt,
-                        capture_key=receipt.capture_key,
-                        reward=receipt.reward,
-                        seq=self.seals,
-                    )
-                )
-                log.info(
-                    "sealed",
-                    rollout_id=receipt.rollout_id,
-                    attempt=receipt.attempt,
+            await self.seal(receipt)
+        self._acknowledge(receipt)
+
+    async def seal(self, receipt: Completed) -> bool:
+        """Seal one attempt: SEALING in the ledger as the receipt arrives (its agent is done with it: a
+        snapshot from now on saves the receipt in the ledger, neither waiting for the seal nor
+        restarting it), then its canonical row in TQ, then SEALED. False when TQ refused it (fenced
+        there): the attempt failed. A receipt of an attempt no longer running only counts."""
+        ledger = self._state.ledger
+        sibling = ledger.sibling(receipt.rollout_id)
+        target = sibling.attempts[receipt.attempt]
+        if target is sibling.current and target.state in (AttemptState.DISPATCHED, AttemptState.SEALING):
+            if target.state is AttemptState.DISPATCHED:
+                ledger.receive(
+                    receipt.rollout_id,
+                    receipt.attempt,
                     reward=receipt.reward,
                     turns=receipt.turns,
+                    staging_keys=receipt.staging_keys,
                 )
-            elif outcome is SealOutcome.DUPLICATE:
-                self._counts["receipts_duplicate"] += 1
-            else:
-                self._counts["receipts_stale"] += 1
-        self._acknowledge(receipt)
+                self._wake()  # a snapshot's drain waits for receipts to arrive, not for their seals
+            # Canonical rows first: a group the ledger settles must be readable by the trainer.
+            if not await self._seal_rows(receipt):
+                await self._seal_refused(receipt)
+                return False
+        outcome = ledger.seal(receipt.rollout_id, receipt.attempt, reward=receipt.reward, turns=receipt.turns)
+        self._history.record(
+            Receipt(
+                rollout_id=receipt.rollout_id,
+                attempt=receipt.attempt,
+                of="completed",
+                outcome=outcome.value,
+            )
+        )
+        if outcome is SealOutcome.SEALED:
+            if self._forgetting is not None:  # its Ack is queued below: forgotten once it is sent
+                self._forgetting.ended(dispatched_refs(sibling), ack_of=(receipt.rollout_id, receipt.attempt))
+            self._counts["rollouts_sealed"] += 1
+            self._counts["turns_kept"] += receipt.turns
+            self.seals += 1
+            self._history.record(
+                RolloutSealed(
+                    rollout_id=receipt.rollout_id,
+                    attempt=receipt.attempt,
+                    capture_key=receipt.capture_key,
+                    reward=receipt.reward,
+                    seq=self.seals,
+                )
+            )
+            log.info(
+                "sealed",
+                rollout_id=receipt.rollout_id,
+                attempt=receipt.attempt,
+                reward=receipt.reward,
+                turns=receipt.turns,
+            )
+        elif outcome is SealOutcome.DUPLICATE:
+            self._counts["receipts_duplicate"] += 1
+        else:
+            self._counts["receipts_stale"] += 1
+        return True
+
+    async def finish_restored(self) -> int:
+        """After a restore: every attempt the ledger saved SEALING (its receipt had arrived, its seal
+        had not come back) is sealed as its receipt would have been, TQ first (a seal is idempotent per
+        capture key: TQ's cut may hold the canonical row already), and acknowledged to its agent. One
+        whose seal fails is failed (redone by its granularity), never left SEALING."""
+        pending = self._state.ledger.sealing()
+        receipts = [
+            Completed(
+                rollout_id=sibling.rollout_id,
+                attempt=attempt.index,
+                capture_key=attempt.capture_key,
+                reward=attempt.reward or 0.0,
+                turns=attempt.turns,
+                staging_keys=attempt.staging_keys,
+                # Acknowledged to its agent, which may hold the receipt still; onto fewer agents,
+                # to none (the replica that ran it is gone).
+                replica=attempt.replica if (attempt.replica or 0) < self.agents else None,
+                epoch=self._state.epoch,
+            )
+            for sibling, attempt in pending
+        ]
+        for receipt in receipts:
+            if receipt.replica is not None:
+                self._outbox.route((receipt.rollout_id, receipt.attempt), receipt.replica)
+        results = await asyncio.gather(*(self._finish(r) for r in receipts), return_exceptions=True)
+        for receipt, result in zip(receipts, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning(
+                    "restored_seal_failed",
+                    rollout_id=receipt.rollout_id,
+                    attempt=receipt.attempt,
+                    error=str(result),
+                )
+                await self.fail(
+                    Failed(rollout_id=receipt.rollout_id, attempt=receipt.attempt, code="seal_failed")
+                )
+        self._counts["seals_finished_after_restore"] += len(receipts)
+        return len(receipts)
+
+    async def _finish(self, receipt: Completed) -> None:
+        if await self.seal(receipt) and receipt.replica is not None:
+            self._acknowledge(receipt)
 
     async def failed(self, receipt: Failed) -> None:
         await self.fail(receipt, acknowledged=True)
@@ -179,14 +236,24 @@ class Receipts:
                 self._forgetting.ended(dispatched_refs(ledger.sibling(rollout)), ack_of=ack_of)
         self._wake()
 
-    def _stale_seal(self, receipt: Completed) -> None:
-        """TQ refused the seal: the attempt is fenced there, so this controller gave up on it while
-        its rows were being sealed (the stall watchdog failed it meanwhile). Its next attempt seals."""
+    async def _seal_refused(self, receipt: Completed) -> None:
+        """TQ refused the seal: the attempt is fenced there (this controller gave up on it while its
+        rows were being sealed: the watchdog, after a seal that never came back). Failed, if it was
+        not already: its next attempt seals."""
         self._counts["receipts_stale"] += 1
         self._history.record(
             Receipt(rollout_id=receipt.rollout_id, attempt=receipt.attempt, of="completed", outcome="fenced")
         )
         log.warning("seal_refused_fenced", rollout_id=receipt.rollout_id, attempt=receipt.attempt)
+        await self.fail(
+            Failed(
+                rollout_id=receipt.rollout_id,
+                attempt=receipt.attempt,
+                code="seal_refused",
+                turns=receipt.turns,
+                replica=receipt.replica,
+            )
+        )
 
     async def _seal_rows(self, receipt: Completed) -> bool:
         """The attempt's canonical row in TQ; False when TQ has it fenced (nothing sealed)."""

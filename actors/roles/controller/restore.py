@@ -329,6 +329,11 @@ class RestoreSequence:
     async def resume(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
         await self.participants.resume_all(attempt.restore_id, stages)  # once, by this owner only
 
+    async def finish_seals(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
+        finished = await self.host.finish_seals()
+        if finished:
+            log.info("restore_finished_seals", attempts=finished)
+
     async def open_gate(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
         assert attempt.continuation is not None
         self.host.open_gate()  # (open since the start: nothing was dispatched before the restore)
@@ -368,6 +373,7 @@ RESTORE_STEPS: dict[RestoreStep, RestoreStepImplementation] = {
     RestoreStep.RESTORE_TQ: RestoreSequence.restore_tq,
     RestoreStep.FENCE_TQ: RestoreSequence.fence_tq,
     RestoreStep.RESUME: RestoreSequence.resume,
+    RestoreStep.FINISH_SEALS: RestoreSequence.finish_seals,
     RestoreStep.OPEN_GATE: RestoreSequence.open_gate,
 }
 check_step_table(RESTORE_SEQUENCE, RESTORE_STEPS)

@@ -361,8 +361,10 @@ class SaveSequence:
 
     async def drain_receipts(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         """A dispatched attempt no agent's cut holds has finished: its receipt is on the wire. Wait for it
-        to seal (or fail) before the cut, event driven, until the deadline. (An attempt a cut holds
-        keeps its receipt until the checkpoint ends: nothing seals after this step until then.)"""
+        to arrive (or fail) before the cut, event driven, until the deadline: an arrived receipt makes
+        its attempt SEALING, which the ledger's cut saves with what its seal needs, so the seal's round
+        trip to TQ is not waited for (a restore seals it again). (An attempt a cut holds keeps its
+        receipt until the checkpoint ends: no receipt arrives after this step until then.)"""
         while True:
             waiting = self.host.ledger.dispatched() - attempt.episodes - attempt.restarts
             if not waiting:
@@ -379,8 +381,9 @@ class SaveSequence:
 
     async def capture(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """The ledger and TQ at one cut: the ledger is copied now, with no await before TQ's Commit goes
-        out, and nothing seals until the agents resume (receipts drained, the rest held by their
-        agents). TQ's Commit goes on its data lane: behind the staging rows the agents' cuts refer to
+        out (receipts drained, the rest held by their agents: a seal still on its way is SEALING in the
+        copy, or SEALED with TQ's row made before its reply, so before this Commit reaches TQ). TQ's
+        Commit goes on its data lane: behind the staging rows the agents' cuts refer to
         (each sent to TQ before its agent prepared), and ahead of every row or seal that a dispatch
         after the window brings. Its answer is collected after the window (``commit``)."""
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name

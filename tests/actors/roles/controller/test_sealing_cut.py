@@ -1,0 +1,123 @@
+"""Receipts in the cut (docs/snapshots.md#receipts-in-the-cut), in memory with every actor in one
+process: a snapshot taken while TQ holds the seals of receipts that arrived does not wait for those
+seals; its ledger saves the attempts SEALING, with what a seal needs; the cluster dies with the seals
+still held, and the restore seals each of them once, before anything is dispatched, with the same
+transcripts as a run that never stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from parkway.actors.builtin.trainers import ExampleTrainer
+from parkway.actors.launch.workload import embedded_actors
+from parkway.actors.roles.controller.controller import Controller, RunSummary
+from parkway.actors.roles.tq import TransferQueue
+from parkway.actors.run.config import RunConfig, from_dict
+from parkway.actors.run.tasks import load_tasks
+from parkway.actors.runtime.actor import Actor
+from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol.anchor import decode_ledger_file
+from parkway.protocol.errors import ErrorCode, ProtocolError
+from parkway.protocol.layout import LEDGER, SNAPSHOTS_DIR
+from parkway.protocol.ledger import Ledger
+from parkway.protocol.messages import Message, SealRows
+
+from tests.support.embedded import embedded_run
+from tests.support.signed import SECRET
+
+CONFIG = {
+    "run": "sealcut",
+    "seed": 11,
+    "policy": {"host": "inline", "per_token_delay_s": 0.0003},
+    "tasks": {"builtin": "bank", "limit": 3},
+    "rollout": {"group_size": 3, "max_turns": 4},
+    "trainer": {"batch_groups": 1},
+    "snapshot_interval_s": 3600.0,  # only the snapshot the test asks for
+}
+
+
+class HeldSeals:
+    """TQ's SealRows handler, held: no seal is made and none answered until ``drop``, which ends
+    every one held unanswered (what a cluster that dies while its seals are on their way leaves)."""
+
+    def __init__(self, tq: TransferQueue) -> None:
+        self.dropped = asyncio.Event()
+        self.held: list[str] = []
+        tq.handlers[SealRows] = self.handle
+
+    async def handle(self, message: Message) -> Message | None:
+        assert isinstance(message, SealRows)
+        self.held.append(message.rollout_id)
+        await self.dropped.wait()
+        raise ProtocolError(ErrorCode.UNAVAILABLE, "this TQ died with the seal")
+
+    def drop(self) -> None:
+        self.dropped.set()
+
+
+def sealing_of(ledger: Ledger) -> set[tuple[str, int]]:
+    return {(s.rollout_id, a.index) for s, a in ledger.sealing()}
+
+
+async def start_cluster(
+    config: RunConfig, state: Path
+) -> tuple[Controller, list[Actor], asyncio.Task[RunSummary]]:
+    broker = MemoryBroker(MemoryHub(), config.run)
+    await broker.__aenter__()
+    actors = embedded_actors(broker, SECRET, config, state)
+    controller = Controller(broker, secret=SECRET)
+    for actor in [*actors, controller]:
+        await actor.start()
+
+    async def workload() -> RunSummary:
+        try:
+            return await controller.run_workload(
+                config, load_tasks(config.tasks), ExampleTrainer(), snapshot_root=state / SNAPSHOTS_DIR
+            )
+        finally:
+            for actor in reversed([*actors, controller]):
+                with contextlib.suppress(Exception):
+                    await actor.stop()
+            await broker.close()
+
+    return controller, actors, asyncio.ensure_future(workload())
+
+
+async def test_a_snapshot_saves_receipts_whose_seal_is_on_its_way_and_the_restore_seals_them_once(
+    tmp_path: Path,
+) -> None:
+    reference = await embedded_run(CONFIG, tmp_path / "reference", snapshots=False)
+    config = from_dict(CONFIG)
+    state = tmp_path / "state"
+    controller, actors, workload = await start_cluster(config, state)
+    held = HeldSeals(next(a for a in actors if isinstance(a, TransferQueue)))
+    try:
+        # Rollouts finish; their receipts arrive and their seals are held in TQ.
+        while len(sealing_of(controller.state.ledger)) < 3 or len(held.held) < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # (another task's ledger, and TQ's handler)
+        assert controller.counts["rollouts_sealed"] == 0 and len(held.held) >= 3
+        published = await controller.take_snapshot()
+        assert published is not None, "the snapshot waited for seals on their way, or failed"
+        assert controller.counts["rollouts_sealed"] == 0  # not one seal came back meanwhile
+        saved = Ledger.load(decode_ledger_file((published.path / LEDGER).read_bytes()).ledger)
+        saved_sealing = sealing_of(saved)
+        assert len(saved_sealing) >= 3 and not saved_sealing & saved.dispatched()
+        for sibling, attempt in saved.sealing():  # what a seal after a restore needs
+            assert attempt.staging_keys and attempt.turns == len(attempt.staging_keys), sibling.rollout_id
+            assert attempt.reward is not None, sibling.rollout_id
+    finally:
+        workload.cancel()  # the cluster dies with its seals still held
+        held.drop()
+        await asyncio.gather(workload, return_exceptions=True)
+
+    again, _, resumed = await start_cluster(config, state)
+    summary = await asyncio.wait_for(resumed, 120)
+    assert summary.restores == 1
+    assert again.counts["seals_finished_after_restore"] == len(saved_sealing)
+    # Sealed once each, none restarted: every rollout sealed, none failed, and the transcripts of
+    # a run that never stopped.
+    assert summary.rollouts_sealed == summary.rollouts_expected == 9 and summary.rollouts_failed == 0
+    assert summary.attempts_failed == 0
+    assert summary.transcripts_sha256 == reference.transcripts_sha256
