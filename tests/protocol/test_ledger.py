@@ -166,3 +166,41 @@ def test_restores_do_not_use_up_a_rollouts_retries() -> None:
     dispatch_all(ledger)
     assert ledger.fail("g_g0", 3, code="stale_attempt").given_up == ("g_g0",)  # the second: max_attempts
     assert ledger.fail("p_g1", 3, code="stale_attempt").given_up == ("p_g0", "p_g1")
+
+
+def test_a_receipt_makes_its_attempt_sealing_until_its_seal_and_the_ledger_saves_it() -> None:
+    ledger = Ledger()
+    ledger.add_group("g", 0, 2, Granularity.SIBLING)
+    dispatch_all(ledger)
+    keys = ("g_g0:0", "g_g0:1")
+    assert ledger.receive("g_g0", 0, reward=0.5, turns=2, staging_keys=keys) is SealOutcome.SEALED
+    assert ledger.receive("g_g0", 0, reward=0.5, turns=2, staging_keys=keys) is SealOutcome.DUPLICATE
+    # Finished on its agent: not running, still in flight for admission, the group not settled.
+    assert ledger.dispatched() == {("g_g1", 0)} and ledger.in_flight() == 2
+    assert [(s.rollout_id, a.index) for s, a in ledger.sealing()] == [("g_g0", 0)]
+    saved = Ledger.load(ledger.export())
+    (sibling, attempt), *_ = saved.sealing()
+    assert (sibling.rollout_id, attempt.reward, attempt.turns, attempt.staging_keys) == ("g_g0", 0.5, 2, keys)
+    assert saved.dispatched() == {("g_g1", 0)}
+    # The seal after a restore, from the saved ledger: once.
+    assert saved.seal("g_g0", 0, reward=0.5, turns=2) is SealOutcome.SEALED
+    assert saved.seal("g_g0", 0, reward=0.5, turns=2) is SealOutcome.DUPLICATE
+    assert saved.sealing() == [] and saved.groups["g"].state is GroupState.GENERATING
+    assert saved.receive("g_g1", 0, reward=1.0, turns=1) is SealOutcome.SEALED
+    assert saved.seal("g_g1", 0, reward=1.0, turns=1) is SealOutcome.SEALED
+    assert saved.groups["g"].state is GroupState.READY_TO_FINALIZE
+
+
+def test_a_sealing_attempt_fails_when_its_seal_is_refused_and_a_group_redo_abandons_it() -> None:
+    ledger = Ledger()
+    ledger.add_group("s", 0, 1, Granularity.SIBLING)
+    ledger.add_group("p", 1, 2, Granularity.PROMPT_GROUP)
+    dispatch_all(ledger)
+    ledger.receive("s_g0", 0, reward=1.0, turns=1)
+    assert ledger.fail("s_g0", 0, code="seal_refused").redo == ("s_g0",)
+    assert ledger.sibling("s_g0").attempts[0].state is AttemptState.FAILED
+    ledger.receive("p_g0", 0, reward=1.0, turns=1)
+    plan = ledger.fail("p_g1", 0, code="injected")  # its sibling's failure redoes the group
+    assert plan.redo == ("p_g0", "p_g1") and plan.retire == ()  # nothing of p_g0 runs on its agent
+    assert ledger.sibling("p_g0").attempts[0].state is AttemptState.ABANDONED
+    assert ledger.seal("p_g0", 0, reward=1.0, turns=1) is SealOutcome.STALE  # its seal comes back late

@@ -78,11 +78,12 @@ class Receipts:
             await self.seal(receipt)
         self._acknowledge(receipt)
 
-    async def seal(self, receipt: Completed) -> bool:
+    async def seal(self, receipt: Completed, *, acknowledged: bool = True) -> bool:
         """Seal one attempt: SEALING in the ledger as the receipt arrives (its agent is done with it: a
         snapshot from now on saves the receipt in the ledger, neither waiting for the seal nor
         restarting it), then its canonical row in TQ, then SEALED. False when TQ refused it (fenced
-        there): the attempt failed. A receipt of an attempt no longer running only counts."""
+        there): the attempt failed. A receipt of an attempt no longer running only counts. Not
+        ``acknowledged``: no Ack will go out for it (its agent is gone), so nothing waits for one."""
         ledger = self._state.ledger
         sibling = ledger.sibling(receipt.rollout_id)
         target = sibling.attempts[receipt.attempt]
@@ -111,7 +112,8 @@ class Receipts:
         )
         if outcome is SealOutcome.SEALED:
             if self._forgetting is not None:  # its Ack is queued below: forgotten once it is sent
-                self._forgetting.ended(dispatched_refs(sibling), ack_of=(receipt.rollout_id, receipt.attempt))
+                key = (receipt.rollout_id, receipt.attempt)
+                self._forgetting.ended(dispatched_refs(sibling), ack_of=key if acknowledged else None)
             self._counts["rollouts_sealed"] += 1
             self._counts["turns_kept"] += receipt.turns
             self.seals += 1
@@ -177,7 +179,8 @@ class Receipts:
         return len(receipts)
 
     async def _finish(self, receipt: Completed) -> None:
-        if await self.seal(receipt) and receipt.replica is not None:
+        acknowledged = receipt.replica is not None
+        if await self.seal(receipt, acknowledged=acknowledged) and acknowledged:
             self._acknowledge(receipt)
 
     async def failed(self, receipt: Failed) -> None:
