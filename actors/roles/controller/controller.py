@@ -81,9 +81,6 @@ class Controller(Actor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.handlers.update(
-            {Completed: self.on_completed, Failed: self.on_failed, Snapshot: self.on_snapshot}
-        )
         self._snapshot_lock = asyncio.Lock()  # one save at a time: periodic or asked for
         self.metrics.snapshot_metrics()
         self.state = RunState()
@@ -104,6 +101,9 @@ class Controller(Actor):
             retirement=self.retirement,
             wake=self._wake.set,
             forgetting=self.forgetting,
+        )
+        self.handlers.update(
+            {Completed: self.receipts.completed, Failed: self.receipts.failed, Snapshot: self.on_snapshot}
         )
         self.liveness = AgentLiveness(
             self.client, self.state, self.counts, self.history, self.retirement, self._wake.set
@@ -219,13 +219,6 @@ class Controller(Actor):
         )
         self.state.policy_version = int(trainer_state["policy_version"])
         self.state.training = None  # a marker is written between steps: nothing was in flight
-
-    # -- receipts ------------------------------------------------------------------------------------
-    async def on_completed(self, receipt: Completed) -> None:
-        await self.receipts.completed(receipt)
-
-    async def on_failed(self, receipt: Failed) -> None:
-        await self.receipts.failed(receipt)
 
     # -- the workload --------------------------------------------------------------------------------
     async def run_workload(
