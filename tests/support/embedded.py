@@ -3,10 +3,43 @@ call), the crashed run whose snapshots several tests read, and the digest an unc
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from tests.support.signed import SECRET
+
+
+async def started_cluster(config: Any, state: Path, trainer: Any) -> tuple[Any, list[Any], asyncio.Task[Any]]:
+    """Every actor of ``config`` and a controller started on a fresh in-memory broker, and its workload
+    running as a task (which stops them all and closes the broker when it ends, or is cancelled: a
+    cluster that dies): ``(controller, actors, workload)``, for a test that acts while it runs."""
+    from parkway.actors.launch.workload import embedded_actors
+    from parkway.actors.roles.controller.controller import Controller
+    from parkway.actors.run.tasks import load_tasks
+    from parkway.brokers.memory import MemoryBroker, MemoryHub
+    from parkway.protocol.layout import SNAPSHOTS_DIR
+
+    broker = MemoryBroker(MemoryHub(), config.run)
+    await broker.__aenter__()
+    actors = embedded_actors(broker, SECRET, config, state)
+    controller = Controller(broker, secret=SECRET)
+    for actor in [*actors, controller]:
+        await actor.start()
+
+    async def workload() -> Any:
+        try:
+            return await controller.run_workload(
+                config, load_tasks(config.tasks), trainer, snapshot_root=state / SNAPSHOTS_DIR
+            )
+        finally:
+            for actor in reversed([*actors, controller]):
+                with contextlib.suppress(Exception):
+                    await actor.stop()
+            await broker.close()
+
+    return controller, actors, asyncio.ensure_future(workload())
 
 
 async def embedded_run(

@@ -7,25 +7,18 @@ transcripts as a run that never stopped."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 from parkway.actors.builtin.trainers import ExampleTrainer
-from parkway.actors.launch.workload import embedded_actors
-from parkway.actors.roles.controller.controller import Controller, RunSummary
 from parkway.actors.roles.tq import TransferQueue
-from parkway.actors.run.config import RunConfig, from_dict
-from parkway.actors.run.tasks import load_tasks
-from parkway.actors.runtime.actor import Actor
-from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.actors.run.config import from_dict
 from parkway.protocol.anchor import decode_ledger_file
 from parkway.protocol.errors import ErrorCode, ProtocolError
-from parkway.protocol.layout import LEDGER, SNAPSHOTS_DIR
+from parkway.protocol.layout import LEDGER
 from parkway.protocol.ledger import Ledger
 from parkway.protocol.messages import Message, SealRows
 
-from tests.support.embedded import embedded_run
-from tests.support.signed import SECRET
+from tests.support.embedded import embedded_run, started_cluster
 
 CONFIG = {
     "run": "sealcut",
@@ -61,37 +54,13 @@ def sealing_of(ledger: Ledger) -> set[tuple[str, int]]:
     return {(s.rollout_id, a.index) for s, a in ledger.sealing()}
 
 
-async def start_cluster(
-    config: RunConfig, state: Path
-) -> tuple[Controller, list[Actor], asyncio.Task[RunSummary]]:
-    broker = MemoryBroker(MemoryHub(), config.run)
-    await broker.__aenter__()
-    actors = embedded_actors(broker, SECRET, config, state)
-    controller = Controller(broker, secret=SECRET)
-    for actor in [*actors, controller]:
-        await actor.start()
-
-    async def workload() -> RunSummary:
-        try:
-            return await controller.run_workload(
-                config, load_tasks(config.tasks), ExampleTrainer(), snapshot_root=state / SNAPSHOTS_DIR
-            )
-        finally:
-            for actor in reversed([*actors, controller]):
-                with contextlib.suppress(Exception):
-                    await actor.stop()
-            await broker.close()
-
-    return controller, actors, asyncio.ensure_future(workload())
-
-
 async def test_a_snapshot_saves_receipts_whose_seal_is_on_its_way_and_the_restore_seals_them_once(
     tmp_path: Path,
 ) -> None:
     reference = await embedded_run(CONFIG, tmp_path / "reference", snapshots=False)
     config = from_dict(CONFIG)
     state = tmp_path / "state"
-    controller, actors, workload = await start_cluster(config, state)
+    controller, actors, workload = await started_cluster(config, state, ExampleTrainer())
     held = HeldSeals(next(a for a in actors if isinstance(a, TransferQueue)))
     try:
         # Rollouts finish; their receipts arrive and their seals are held in TQ.
@@ -112,7 +81,7 @@ async def test_a_snapshot_saves_receipts_whose_seal_is_on_its_way_and_the_restor
         held.drop()
         await asyncio.gather(workload, return_exceptions=True)
 
-    again, _, resumed = await start_cluster(config, state)
+    again, _, resumed = await started_cluster(config, state, ExampleTrainer())
     summary = await asyncio.wait_for(resumed, 120)
     assert summary.restores == 1
     assert again.counts["seals_finished_after_restore"] == len(saved_sealing)

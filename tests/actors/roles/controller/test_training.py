@@ -8,26 +8,21 @@ every group is trained exactly once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 from pathlib import Path
 
 import pytest
 from parkway.actors.builtin.trainers import ExampleTrainer
-from parkway.actors.launch.workload import embedded_actors
 from parkway.actors.roles.controller.controller import Controller, RunSummary
 from parkway.actors.run.config import ConfigError, RunConfig, from_dict
-from parkway.actors.run.tasks import load_tasks
 from parkway.actors.sdk.trainer import GroupResult, Trainer, TrainStep
 from parkway.actors.storage.trainer import TrainerRecords
-from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.anchor import decode_ledger_file
-from parkway.protocol.layout import ACTOR_STATE_DIR, SNAPSHOTS_DIR
+from parkway.protocol.layout import ACTOR_STATE_DIR
 from parkway.protocol.ledger import GroupState
 
-from tests.support.embedded import embedded_run
-from tests.support.signed import SECRET
+from tests.support.embedded import embedded_run, started_cluster
 
 CONFIG = {
     "run": "trainhook",
@@ -68,25 +63,8 @@ async def until_called(trainer: GatedTrainer, n: int) -> None:
 async def run_on(
     config: RunConfig, state: Path, trainer: Trainer
 ) -> tuple[Controller, asyncio.Task[RunSummary]]:
-    hub_broker = MemoryBroker(MemoryHub(), config.run)
-    await hub_broker.__aenter__()
-    actors = embedded_actors(hub_broker, SECRET, config, state)
-    controller = Controller(hub_broker, secret=SECRET)
-    for actor in [*actors, controller]:
-        await actor.start()
-
-    async def workload() -> RunSummary:
-        try:
-            return await controller.run_workload(
-                config, load_tasks(config.tasks), trainer, snapshot_root=state / SNAPSHOTS_DIR
-            )
-        finally:
-            for actor in reversed([*actors, controller]):
-                with contextlib.suppress(Exception):
-                    await actor.stop()
-            await hub_broker.close()
-
-    return controller, asyncio.ensure_future(workload())
+    controller, _, workload = await started_cluster(config, state, trainer)
+    return controller, workload
 
 
 async def wound_up(trainer: GatedTrainer, workload: asyncio.Task[RunSummary]) -> None:
