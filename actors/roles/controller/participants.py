@@ -24,11 +24,12 @@ from parkway.brokers.base import BrokerError, Lane, RequestTimeout
 from parkway.protocol.errors import ErrorCode
 from parkway.protocol.ids import PARTICIPANT_ROLES, Role, new_checkpoint_id, parse_address
 from parkway.protocol.messages import Abort, Error, Message, Resume, Status, StatusReport
+from parkway.protocol.phases import DEFAULT_LEASE_GRACE_S
 from parkway.protocol.snapshot import SnapshotFailure, Stage
 
 log = structlog.get_logger("parkway.snapshots")
 
-RESUME_RETRIES = 5
+RESUME_PAUSE_S = 0.2  # the first pause before a Resume is sent again; it grows with each try
 RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0  # the pause before a request the broker refused is sent again
 ABORT_WITHIN_S = 5.0  # how long an abort round waits for a participant (it runs with the gate open)
 T = TypeVar("T")
@@ -184,37 +185,41 @@ class Participants:
                     # Not a broken protocol: a new process that never saw this checkpoint (the one that
                     # did may even have journaled its reply). A later snapshot fixes it.
                     detail, transient = f"{detail} (it restarted during the snapshot)", True
-                elif reply.code is ErrorCode.CHECKPOINT_CONFLICT and await self.release_held(
-                    address, message
-                ):
+                elif reply.code is ErrorCode.CHECKPOINT_CONFLICT:
                     # Held by an id whose end it never heard (a controller that died mid-snapshot, an
-                    # Abort or Resume lost): that id is aborted there now, and the next snapshot goes in.
-                    detail, transient = f"{detail} (held by an id that had ended: aborted there)", True
+                    # Abort or Resume lost): only this run's controller starts ids, one after the last
+                    # ended, so not an invariant broken. That id is aborted there (or ended there since,
+                    # its lease lapsing), and the next snapshot goes in.
+                    detail, transient = f"{detail} ({await self.release_held(address, message)})", True
                 raise SnapshotFailure(step, detail, transient=transient)
             answered[address] = reply
         return answered
 
-    async def release_held(self, address: str, refused: Message) -> bool:
-        """Abort the id ``address`` is held by, when it is not the one ``refused`` carried. True when
-        it was aborted. Only this run's one controller starts ids, and it starts one only after the
-        last ended (settled, aborted or resumed), so the id held is one whose end was lost."""
+    async def release_held(self, address: str, refused: Message) -> str:
+        """Abort the id ``address`` is held by, when it is not the one ``refused`` carried; what came of
+        it, in words. Only this run's one controller starts ids, and it starts one only after the last
+        ended (settled, aborted or resumed), so the id held is one whose end was lost."""
         own = getattr(refused, "checkpoint_id", None)
         try:
             report = await self.status(address, "held")
         except SnapshotFailure:
-            return False
-        if not isinstance(report, StatusReport) or report.checkpoint_id in (None, own):
-            return False
+            return "not reached to end the id it is held by: its lease there ends it"
+        if not isinstance(report, StatusReport):
+            return "no status: its lease there ends the id it is held by"
         held = report.checkpoint_id
+        if held in (None, own):
+            # Its lease lapsed (or a late Resume or Abort arrived) between the refusal and this look.
+            log.info("held_id_ended", participant=address, held=held)
+            return "held by an id that has ended there since"
         abort = Abort(checkpoint_id=held, deadline=time.time() + ABORT_WITHIN_S, reason="its end was lost")
         try:
             reply = await self._host.client.request(address, abort)
-        except BrokerError:
-            return False
+        except BrokerError as exc:
+            return f"not reached to abort {held}: {exc}"
         if isinstance(reply, Error):
-            return False
+            return f"abort of {held} refused: {reply.code.value}"
         log.warning("held_id_aborted", participant=address, held=held)
-        return True
+        return "held by an id that had ended: aborted there"
 
     async def restarted(self, address: str) -> bool:
         """Whether ``address`` is a process that started after this snapshot (or restore) began."""
@@ -228,29 +233,43 @@ class Participants:
             self._host.observe(address, reply)  # a new process: its lost rollouts start again
         return reply.started_at >= self.began
 
-    async def resume_all(self, checkpoint_id: str, stages: tuple[Stage, ...]) -> None:
-        """Resume every participant under the same id, stage by stage (a stage's members at once); one
-        that does not answer is ``published_release_pending`` and is asked again (same id,
-        idempotent) until it answers."""
+    async def resume_all(self, checkpoint_id: str, stages: tuple[Stage, ...], *, deadline: float) -> None:
+        """Resume every participant under the same id, stage by stage (a stage's members at once). One
+        that does not answer is ``published_release_pending`` and is asked again (same id, idempotent),
+        backing off, until it answers or its lease for the id lapses there (``deadline`` and the grace
+        after it: it has then ended the id itself). A broker restart is waited out: a Resume given up
+        too early left the participant held, and the next snapshot refused there (``checkpoint_conflict``).
+        A refusal that no resend changes (a participant restarted since: ``invalid_phase``) ends it."""
+        held_until = deadline + DEFAULT_LEASE_GRACE_S
         for stage in stages:
-            calls = [partial(self._resume_one, a, checkpoint_id) for a in self.addresses(stage)]
+            calls = [partial(self._resume_one, a, checkpoint_id, held_until) for a in self.addresses(stage)]
             for outcome in await settle_all(calls):
                 if isinstance(outcome, Exception):
                     raise outcome
 
-    async def _resume_one(self, address: str, checkpoint_id: str) -> None:
-        for attempt in range(RESUME_RETRIES):
+    async def _resume_one(self, address: str, checkpoint_id: str, held_until: float) -> None:
+        attempt = 0
+        while True:
             try:
                 reply = await self._host.client.request(
                     address, Resume(checkpoint_id=checkpoint_id, deadline=time.time() + 5)
                 )
                 if not isinstance(reply, Error):
                     return
+                if not reply.retryable:
+                    log.warning(
+                        "resume_refused", participant=address, code=reply.code.value, detail=reply.detail
+                    )
+                    return
             except BrokerError:
                 pass
+            attempt += 1
             self._host.counts["release_pending"] += 1
-            log.warning("published_release_pending", participant=address, attempt=attempt + 1)
-            await anyio.sleep(0.2 * (attempt + 1))
+            if time.time() >= held_until:
+                log.warning("resume_given_up", participant=address, attempts=attempt)
+                return
+            log.warning("published_release_pending", participant=address, attempt=attempt)
+            await anyio.sleep(min(RESUME_PAUSE_S * attempt, RETRY_MAX_S, max(0.0, held_until - time.time())))
 
     async def abort_everywhere(
         self, checkpoint_id: str, reason: str, *, within_s: float = ABORT_WITHIN_S

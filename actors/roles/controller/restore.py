@@ -327,7 +327,8 @@ class RestoreSequence:
         self.host.faults.reach("after_restore_tq")
 
     async def resume(self, attempt: RestoreAttempt, stages: tuple[Stage, ...]) -> None:
-        await self.participants.resume_all(attempt.restore_id, stages)  # once, by this owner only
+        # Once, by this owner only.
+        await self.participants.resume_all(attempt.restore_id, stages, deadline=attempt.deadline)
 
     async def finish_seals(self, attempt: RestoreAttempt, _: tuple[Stage, ...]) -> None:
         finished = await self.host.finish_seals()

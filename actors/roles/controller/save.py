@@ -449,7 +449,7 @@ class SaveSequence:
             await self.participants.collect(sent)
 
     async def resume(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
-        await self.participants.resume_all(attempt.checkpoint_id, stages)
+        await self.participants.resume_all(attempt.checkpoint_id, stages, deadline=attempt.deadline)
 
     async def persist(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """After the window: every participant writes its cut, the controller its ledger copy. Nothing
