@@ -261,6 +261,7 @@ class TransferQueue(Participant):
                 self.counts["staging_duplicates"] += 1
 
     async def on_seal_rows(self, message: SealRows) -> Message:
+        await self.faults.hold("tq_seal")
         if (message.rollout_id, message.attempt) in self.retired:
             # Fenced here: the controller gave up on it (its seal came late, or was requeued by a
             # broker restart), and a canonical row of it would be replaced by its next attempt's.

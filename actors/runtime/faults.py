@@ -22,13 +22,20 @@ and every later one (a disk that stays full). Write points:
 (``parkway: fault point <point>: stopped``): whoever watches it (the chaos harness) breaks something
 around it at that exact step, a broker outage or an unwritable state directory, and SIGCONTs it.
 
+``=HOLD`` makes an awaited point (``hold``; only those in ``HOLD_POINTS``) wait for good: that one
+message's handler never answers, while the rest of the process goes on. ``tq_seal=HOLD@1+``: TQ
+holds every seal it is asked for, as a TQ whose answers are all still on their way when the cluster
+dies (``tests/integration/test_sealing_crash.py``).
+
 Kill points of the snapshot sequence: ``save_<step>`` and ``after_<step>`` (``protocol/snapshot.py``),
 ``after_abort`` (an aborted snapshot, cleaned up), ``participant_prepare:<role>``; of the restore
-sequence: ``restore_<step>`` (at the start of each step) and ``after_restore_<stage>``.
+sequence: ``restore_<step>`` (at the start of each step) and ``after_restore_<stage>``; of the
+data plane: ``tq_seal`` (TQ, as a seal arrives).
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import signal
@@ -36,6 +43,8 @@ import signal
 FAULTS_ENV = "PARKWAY_FAULTS"
 KILL = "kill"
 STOP = "STOP"
+HOLD = "HOLD"
+HOLD_POINTS = frozenset({"tq_seal"})  # the points reached by awaiting (``hold``)
 STOPPED_LINE = "parkway: fault point {point}: stopped"  # what a STOP writes before it stops
 
 
@@ -55,7 +64,11 @@ class FaultPoints:
             if not name:
                 continue
             action = action or KILL
-            if action not in (KILL, STOP) and not isinstance(getattr(errno, action, None), int):
+            if action == HOLD and name not in HOLD_POINTS:
+                raise FaultSpecError(
+                    f"{FAULTS_ENV} item {raw.strip()!r}: HOLD is for an awaited point ({', '.join(sorted(HOLD_POINTS))})"
+                )
+            if action not in (KILL, STOP, HOLD) and not isinstance(getattr(errno, action, None), int):
                 raise FaultSpecError(f"{FAULTS_ENV} item {raw.strip()!r}: {action!r} is not an errno name")
             onwards = nth.endswith("+")
             nth = nth.removesuffix("+")
@@ -65,20 +78,36 @@ class FaultPoints:
 
     def reach(self, point: str, qualifier: str | None = None, *, path: object = None) -> None:
         """SIGKILL this process, or raise the armed ``OSError`` (naming ``path``), when this is the hit."""
+        self._act(self._fires(point, qualifier), point, path)
+
+    async def hold(self, point: str, qualifier: str | None = None) -> None:
+        """An awaited point: as ``reach``, and armed ``=HOLD``, this task waits until the process ends."""
+        action = self._fires(point, qualifier)
+        if action == HOLD:
+            await asyncio.Event().wait()  # (never set)
+        self._act(action, point, None)
+
+    def _fires(self, point: str, qualifier: str | None) -> str | None:
+        """The action armed at this point when this hit is the one it fires at, else None."""
+        fired = None
         for key in {(point, None), (point, qualifier)}:
             if key in self._armed:
                 self._hits[key] = self._hits.get(key, 0) + 1
                 nth, onwards, action = self._armed[key]
-                if not (self._hits[key] == nth or (onwards and self._hits[key] > nth)):
-                    continue
-                if action == KILL:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if action == STOP:
-                    # One write(2), before the stop: the watcher reads which point this is.
-                    os.write(2, (STOPPED_LINE.format(point=point) + "\n").encode())
-                    os.kill(os.getpid(), signal.SIGSTOP)
-                    continue  # continued (SIGCONT): the step goes on
-                code = getattr(errno, action)
-                raise OSError(
-                    code, f"{os.strerror(code)} (fault point {point})", *([str(path)] if path else [])
-                )
+                if self._hits[key] == nth or (onwards and self._hits[key] > nth):
+                    fired = action
+        return fired
+
+    @staticmethod
+    def _act(action: str | None, point: str, path: object) -> None:
+        if action is None or action == HOLD:
+            return
+        if action == KILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == STOP:
+            # One write(2), before the stop: the watcher reads which point this is.
+            os.write(2, (STOPPED_LINE.format(point=point) + "\n").encode())
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return  # continued (SIGCONT): the step goes on
+        code = getattr(errno, action)
+        raise OSError(code, f"{os.strerror(code)} (fault point {point})", *([str(path)] if path else []))

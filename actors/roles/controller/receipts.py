@@ -175,7 +175,7 @@ class Receipts:
                 await self.fail(
                     Failed(rollout_id=receipt.rollout_id, attempt=receipt.attempt, code="seal_failed")
                 )
-        self._counts["seals_finished_after_restore"] += len(receipts)
+        self._counts["seals_finished_at_restore"] += len(receipts)
         return len(receipts)
 
     async def _finish(self, receipt: Completed) -> None:

@@ -75,6 +75,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     snapshot_bytes: dict[str, float]  # bytes each snapshot holds: p50, p95, max
     restores: int
     rollouts_restored: int
+    # Attempts a snapshot saved SEALING (their receipt in, their seal on its way) that the restore
+    # sealed (docs/snapshots.md#receipts-in-the-cut).
+    seals_finished_at_restore: int = 0
     rollouts_by_agent: dict[str, int]  # attempts each agent replica finished (sealed or not)
     tool_calls_by_resources: dict[str, int]
     model_calls_by_policy: dict[str, int] = {}  # model calls each policy replica answered
@@ -219,6 +222,7 @@ async def summarize(
         snapshot_bytes_written=metrics.bytes_written_summary(),
         restores=counts["restores"],
         rollouts_restored=counts["rollouts_restored"],
+        seals_finished_at_restore=counts["seals_finished_at_restore"],
         rollouts_moved=counts["rollouts_moved"],
         rollouts_by_agent=by_agent,
         tool_calls_by_resources=by_resources,

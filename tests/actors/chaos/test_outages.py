@@ -63,6 +63,20 @@ def test_a_stop_point_is_read_and_a_bad_action_named() -> None:
     assert not is_stopped(os.getpid())
 
 
+async def test_a_hold_point_holds_only_the_hits_it_is_armed_for_and_only_where_awaited() -> None:
+    import asyncio
+
+    points = FaultPoints("tq_seal=HOLD@2+")
+    await points.hold("tq_seal")  # the first hit goes on
+    held = [asyncio.ensure_future(points.hold("tq_seal")) for _ in range(2)]
+    done, pending = await asyncio.wait(held, timeout=0.05)
+    assert not done and len(pending) == 2  # the second and every later hit wait for good
+    for task in held:
+        task.cancel()
+    with pytest.raises(FaultSpecError, match="HOLD is for an awaited point"):
+        FaultPoints("save_prepare=HOLD")
+
+
 def test_an_unwritable_snapshot_directory_refuses_every_write_and_comes_back_whole(tmp_path: Path) -> None:
     run = tmp_path / "snapshots" / "run1"
     (run / "snapshot_1").mkdir(parents=True)

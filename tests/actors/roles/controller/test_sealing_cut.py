@@ -84,7 +84,7 @@ async def test_a_snapshot_saves_receipts_whose_seal_is_on_its_way_and_the_restor
     again, _, resumed = await started_cluster(config, state, ExampleTrainer())
     summary = await asyncio.wait_for(resumed, 120)
     assert summary.restores == 1
-    assert again.counts["seals_finished_after_restore"] == len(saved_sealing)
+    assert again.counts["seals_finished_at_restore"] == len(saved_sealing)
     # Sealed once each, none restarted: every rollout sealed, none failed, and the transcripts of
     # a run that never stopped.
     assert summary.rollouts_sealed == summary.rollouts_expected == 9 and summary.rollouts_failed == 0
