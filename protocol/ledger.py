@@ -146,6 +146,8 @@ class Group:
         self.state = after
 
 
+# The states the ledger keeps an index of (``Ledger._live``): what runs and what is being sealed.
+_INDEXED = (AttemptState.DISPATCHED, AttemptState.SEALING)
 # A prompt_group redo abandons every sibling's current attempt but the failed and the given up.
 _ABANDONABLE = (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALING, AttemptState.SEALED)
 
@@ -173,6 +175,11 @@ class Ledger:
         self.max_attempts = max_attempts
         self.groups: dict[str, Group] = {}
         self._siblings: dict[str, tuple[Group, Sibling]] = {}
+        # The attempts running and sealing, kept at every move: the snapshot's window and each dispatch
+        # ask for them, and a scan of the whole ledger each time grew with the rollouts in flight.
+        self._live: dict[AttemptState, dict[tuple[str, int], tuple[Sibling, Attempt]]] = {
+            state: {} for state in _INDEXED
+        }
 
     # -- building --------------------------------------------------------------------------------
     def add_group(self, group_id: str, task_index: int, size: int, granularity: Granularity) -> Group:
@@ -216,7 +223,7 @@ class Ledger:
 
     def dispatch(self, rollout: str, attempt: int, replica: int) -> Attempt:
         current = self._current(rollout, attempt)
-        current.move(AttemptEvent.DISPATCH)
+        self._move(self.sibling(rollout), current, AttemptEvent.DISPATCH)
         current.replica = replica
         return current
 
@@ -230,7 +237,7 @@ class Ledger:
             return SealOutcome.DUPLICATE
         if target is not self.sibling(rollout).current or target.state is not AttemptState.DISPATCHED:
             return SealOutcome.STALE
-        target.move(AttemptEvent.RECEIVE)
+        self._move(self.sibling(rollout), target, AttemptEvent.RECEIVE)
         target.reward, target.turns, target.staging_keys = reward, turns, staging_keys
         return SealOutcome.SEALED
 
@@ -243,7 +250,7 @@ class Ledger:
             AttemptState.SEALING,
         ):
             return SealOutcome.STALE
-        target.move(AttemptEvent.SEAL)
+        self._move(self.sibling(rollout), target, AttemptEvent.SEAL)
         target.reward, target.turns = reward, turns
         self._settle_if_done(self.group_of(rollout))
         return SealOutcome.SEALED
@@ -265,7 +272,7 @@ class Ledger:
             or target.state not in (AttemptState.DISPATCHED, AttemptState.SEALING)
         ):
             return FailurePlan(stale=True)
-        target.move(AttemptEvent.FAIL)
+        self._move(sibling, target, AttemptEvent.FAIL)
         target.failure, target.turns = code, turns
         if group.granularity is Granularity.SIBLING:
             # Failures count, not attempts: a restore or a lost agent gives a rollout a new attempt
@@ -298,14 +305,15 @@ class Ledger:
                 assert current.replica is not None
                 running.append((s.rollout_id, current.index, current.replica))
             if current.state in _ABANDONABLE:
-                current.move(AttemptEvent.ABANDON)
+                self._move(s, current, AttemptEvent.ABANDON)
         return tuple(running)
 
     def retired(self, rollout: str, attempt: int) -> None:
         """The agent confirmed it stopped an abandoned attempt."""
-        target = self.sibling(rollout).attempts[attempt]
+        sibling = self.sibling(rollout)
+        target = sibling.attempts[attempt]
         if target.state is AttemptState.ABANDONED:
-            target.move(AttemptEvent.RETIRE)
+            self._move(sibling, target, AttemptEvent.RETIRE)
 
     def _settle_if_done(self, group: Group) -> None:
         if group.state is GroupState.GENERATING and all(s.settled for s in group.siblings):
@@ -325,6 +333,9 @@ class Ledger:
             raise LedgerError(f"group {group_id} removed in state {group.state.value}")
         for s in group.siblings:
             del self._siblings[s.rollout_id]
+            for a in s.attempts:
+                for live in self._live.values():
+                    live.pop((s.rollout_id, a.index), None)
         return group
 
     def _current(self, rollout: str, attempt: int) -> Attempt:
@@ -332,6 +343,16 @@ class Ledger:
         if sibling.current.index != attempt:
             raise LedgerError(f"{rollout}: attempt {attempt} is not current ({sibling.current.index})")
         return sibling.current
+
+    def _move(self, sibling: Sibling, attempt: Attempt, event: AttemptEvent) -> None:
+        """Every attempt's move goes through here: the index of running and sealing attempts follows."""
+        before = attempt.state
+        attempt.move(event)
+        key = (sibling.rollout_id, attempt.index)
+        if before in self._live:
+            del self._live[before][key]
+        if attempt.state in self._live:
+            self._live[attempt.state][key] = (sibling, attempt)
 
     # -- restore -----------------------------------------------------------------------------------
     def restart_after_restore(
@@ -346,8 +367,10 @@ class Ledger:
             raise LedgerError(
                 f"{rollout}: only a dispatched attempt is restarted, not one {saved.state.value}"
             )
-        saved.move(AttemptEvent.ABANDON)
-        saved.move(AttemptEvent.RETIRE)  # nothing runs it any more: the cluster it ran in is gone
+        self._move(sibling, saved, AttemptEvent.ABANDON)
+        self._move(
+            sibling, saved, AttemptEvent.RETIRE
+        )  # nothing runs it any more: the cluster it ran in is gone
         attempt = self._new_attempt(sibling)
         attempt.replica = saved.replica if replica is None else replica
         attempt.continue_from = saved.index if continue_saved else None
@@ -360,8 +383,8 @@ class Ledger:
         for sibling in group.siblings:
             current = sibling.current
             if current.state in _ABANDONABLE:
-                current.move(AttemptEvent.ABANDON)
-                current.move(AttemptEvent.RETIRE)
+                self._move(sibling, current, AttemptEvent.ABANDON)
+                self._move(sibling, current, AttemptEvent.RETIRE)
                 replica = current.replica
                 if agents is not None and replica is not None and replica >= agents:
                     replica = None  # the dispatcher places it
@@ -370,11 +393,17 @@ class Ledger:
 
     def dispatched(self) -> set[tuple[str, int]]:
         """Attempts running on their agents (not SEALING: those finished there)."""
-        return {(s.rollout_id, a.index) for s, a in self.attempts() if a.state is AttemptState.DISPATCHED}
+        return set(self._live[AttemptState.DISPATCHED])
+
+    def dispatched_attempts(self) -> list[tuple[Sibling, Attempt]]:
+        """The attempts running on their agents, with their rollouts, in the order they were dispatched
+        (in ledger order after a load)."""
+        return list(self._live[AttemptState.DISPATCHED].values())
 
     def sealing(self) -> list[tuple[Sibling, Attempt]]:
-        """Attempts whose receipt arrived and whose seal has not come back, in ledger order."""
-        return [(s, a) for s, a in self.attempts() if a.state is AttemptState.SEALING]
+        """Attempts whose receipt arrived and whose seal has not come back, in the order they arrived
+        (in ledger order after a load)."""
+        return list(self._live[AttemptState.SEALING].values())
 
     # -- persistence ---------------------------------------------------------------------------------
     def export(self) -> bytes:
@@ -390,6 +419,9 @@ class Ledger:
             ledger.groups[group.group_id] = group
             for sibling in group.siblings:
                 ledger._siblings[sibling.rollout_id] = (group, sibling)
+                for attempt in sibling.attempts:
+                    if attempt.state in ledger._live:
+                        ledger._live[attempt.state][(sibling.rollout_id, attempt.index)] = (sibling, attempt)
         return ledger
 
     # -- views ------------------------------------------------------------------------------------
@@ -399,9 +431,7 @@ class Ledger:
     def in_flight(self) -> int:
         """Attempts dispatched and not settled (SEALING included: their rows are still being made). A
         reserved attempt waiting for the gate is not running."""
-        return sum(
-            1 for _, a in self.attempts() if a.state in (AttemptState.DISPATCHED, AttemptState.SEALING)
-        )
+        return sum(len(live) for live in self._live.values())
 
 
 class _LedgerRecord(msgspec.Struct):

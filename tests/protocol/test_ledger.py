@@ -204,3 +204,61 @@ def test_a_sealing_attempt_fails_when_its_seal_is_refused_and_a_group_redo_aband
     assert plan.redo == ("p_g0", "p_g1") and plan.retire == ()  # nothing of p_g0 runs on its agent
     assert ledger.sibling("p_g0").attempts[0].state is AttemptState.ABANDONED
     assert ledger.seal("p_g0", 0, reward=1.0, turns=1) is SealOutcome.STALE  # its seal comes back late
+
+
+def scanned(ledger: Ledger, state: AttemptState) -> list[tuple[str, int]]:
+    """The attempts in ``state``, by a scan of the whole ledger (what its index must agree with)."""
+    return [(s.rollout_id, a.index) for s, a in ledger.attempts() if a.state is state]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_index_of_running_and_sealing_attempts_agrees_with_a_scan_after_any_moves(seed: int) -> None:
+    # The ledger keeps its running and SEALING attempts indexed at every move (the snapshot's window and
+    # each dispatch ask for them). Random receipts, seals, failures, retirements, restores and group
+    # removals, each followed by a full scan, and after a save and load.
+    import random
+    from collections import Counter
+
+    rng = random.Random(seed)
+    ledger = Ledger(max_attempts=3)
+    for g in range(6):
+        ledger.add_group(f"g{g}", g, 3, rng.choice(list(Granularity)))
+    done: Counter[str] = Counter()
+    for _ in range(300):
+        reserved = ledger.reserved()
+        if reserved and rng.random() < 0.5:
+            s = rng.choice(reserved)
+            ledger.dispatch(s.rollout_id, s.current.index, replica=rng.randrange(2))
+            done["dispatch"] += 1
+        elif running := sorted(ledger.dispatched() | set(scanned(ledger, AttemptState.SEALING))):
+            rollout, index = rng.choice(running)
+            action = rng.choice(("receive", "seal", "fail", "restart", "redo_group"))
+            done[action] += 1
+            if action == "receive":
+                ledger.receive(rollout, index, reward=1.0, turns=1)
+            elif action == "seal":
+                ledger.seal(rollout, index, reward=1.0, turns=1)
+            elif action == "fail":
+                ledger.fail(rollout, index, code="injected")
+            elif action == "restart" and (rollout, index) in ledger.dispatched():
+                ledger.restart_after_restore(rollout, continue_saved=True)
+            elif action == "redo_group":
+                ledger.redo_group_after_restore(ledger.group_of(rollout).group_id)
+        for sibling in (s for g in ledger.groups.values() for s in g.siblings):
+            for attempt in sibling.attempts:
+                if attempt.state is AttemptState.ABANDONED and rng.random() < 0.3:
+                    ledger.retired(sibling.rollout_id, attempt.index)
+        for group in ledger.ready_groups():
+            ledger.finalize(group.group_id)
+            ledger.remove(group.group_id)
+            done["removed"] += 1
+        assert ledger.dispatched() == set(scanned(ledger, AttemptState.DISPATCHED))
+        assert sorted((s.rollout_id, a.index) for s, a in ledger.sealing()) == sorted(
+            scanned(ledger, AttemptState.SEALING)
+        )
+        assert ledger.in_flight() == len(ledger.dispatched()) + len(ledger.sealing())
+        assert {(s.rollout_id, a.index) for s, a in ledger.dispatched_attempts()} == ledger.dispatched()
+    loaded = Ledger.load(ledger.export())
+    assert loaded.dispatched() == ledger.dispatched()
+    assert [(s.rollout_id, a.index) for s, a in loaded.sealing()] == scanned(ledger, AttemptState.SEALING)
+    assert all(done[k] > 0 for k in ("dispatch", "receive", "seal", "fail", "restart", "redo_group")), done

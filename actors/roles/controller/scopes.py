@@ -13,8 +13,8 @@ GIVEN_UP = frozenset({AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.
 def dispatched_to(ledger: Ledger) -> dict[str, tuple[EpisodeRef, ...]]:
     """Each agent's dispatched attempts: its Prepare waits until their Runs arrived."""
     scope: dict[str, list[EpisodeRef]] = {}
-    for sibling, attempt in ledger.attempts():
-        if attempt.state is AttemptState.DISPATCHED and attempt.replica is not None:
+    for sibling, attempt in ledger.dispatched_attempts():
+        if attempt.replica is not None:
             scope.setdefault(actor_address(Role.AGENT, attempt.replica), []).append(
                 EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=attempt.replica)
             )
