@@ -48,6 +48,15 @@ URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:567
 SECRET = b"bench"
 
 
+def build_controller(broker: Broker, config: RunConfig) -> Controller:
+    """The controller the measured build makes for this workload (a build from before
+    ``workload_controller`` makes a plain one: its own choice, which an interleaved run compares)."""
+    from parkway.actors.launch import workload
+
+    make = getattr(workload, "workload_controller", None)
+    return make(broker, SECRET, config) if make is not None else Controller(broker, secret=SECRET, replica=0)
+
+
 def bench_logging() -> None:
     """This process's actors log JSON lines to stderr, warnings only unless ``PARKWAY_BENCH_LOG_LEVEL``.
     Called when a cluster starts, not on import: a test importing a bench must not reconfigure the
@@ -136,7 +145,7 @@ async def started(
     try:
         with recording:
             async with broker:
-                controller = Controller(broker, secret=SECRET, replica=0)
+                controller = build_controller(broker, config)
                 yield Cluster(mode, config, tasks, broker, controller, state, processes)
     finally:
         stop_processes(processes, kill=kill_at_end)

@@ -13,10 +13,9 @@ import msgspec
 from parkway.actors.launch import progress
 from parkway.actors.launch.plugins import resolve_run
 from parkway.actors.launch.progress import ProgressLine
-from parkway.actors.launch.workload import run_workload
+from parkway.actors.launch.workload import run_workload, workload_controller
 from parkway.actors.roles.controller import (
     ClusterUnavailable,
-    Controller,
     RunSummary,
     SetupError,
     SnapshotsEnded,
@@ -82,7 +81,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     async def go() -> RunSummary:
         broker = connect(settings.broker_url, settings.run, connection_name=f"parkway-{settings.run}-run")
         async with broker:
-            controller = Controller(broker, keyring=settings.keyring, replica=0)
+            controller = workload_controller(broker, settings.keyring, config)
             label = f"run {settings.run}"
             async with progress.watching(lambda: progress.describe(label, controller.progress()), line):
                 return await run_workload(

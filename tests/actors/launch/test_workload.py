@@ -147,3 +147,17 @@ async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_pat
     )
     assert summary.rollouts_sealed == summary.rollouts_expected == 12 and summary.train_steps == 6
     assert max(sizes) <= 2 + 2  # the two in flight, and at most a batch waiting for the trainer
+
+
+def test_the_controller_takes_a_receipt_of_every_rollout_in_flight_at_once() -> None:
+    # A wave of rollouts finishing together: each receipt's handler holds its delivery while the seal
+    # goes to TQ. With the controller's own 256, the receipts beyond it arrived only as other seals came
+    # back, and a snapshot's drain waited 1.2 s for them at 1024 in flight (docs/benchmarks.md).
+    from parkway.actors.launch.workload import CONTROL_HEADROOM, workload_controller
+    from parkway.actors.roles.controller.controller import Controller
+
+    broker = MemoryBroker(MemoryHub(), "prefetch")
+    for in_flight in (16, 1024, 4096):
+        config = from_dict({"run": "prefetch", "rollout": {"max_in_flight": in_flight}})
+        controller = workload_controller(broker, SECRET, config)
+        assert controller.prefetch == max(in_flight + CONTROL_HEADROOM, Controller.prefetch)
