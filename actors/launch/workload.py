@@ -90,8 +90,8 @@ def data_prefetch(config: RunConfig) -> int:
     would queue behind the calls that wait for them (seen at 1024 rollouts in flight: the commit timed
     out). Each rollout has at most one receipt on its way to the controller, whose handler holds the
     delivery while the seal goes to TQ; below every rollout's receipt, a wave of rollouts finishing
-    together waits for other seals before its receipts even arrive, and a snapshot's drain with them
-    (seen at 1024 in flight with the controller's 256: 1.2 s)."""
+    together would wait for other seals before its receipts even arrive, and a snapshot's drain with
+    them."""
     return config.rollout.max_in_flight + CONTROL_HEADROOM
 
 

@@ -151,8 +151,8 @@ async def test_the_ledger_holds_the_groups_in_play_not_the_whole_dataset(tmp_pat
 
 def test_the_controller_takes_a_receipt_of_every_rollout_in_flight_at_once() -> None:
     # A wave of rollouts finishing together: each receipt's handler holds its delivery while the seal
-    # goes to TQ. With the controller's own 256, the receipts beyond it arrived only as other seals came
-    # back, and a snapshot's drain waited 1.2 s for them at 1024 in flight (docs/benchmarks.md).
+    # goes to TQ. Below every rollout's receipt (the controller's own 256), the receipts beyond it would
+    # arrive only as other seals came back, and a snapshot's drain would wait for them.
     from parkway.actors.launch.workload import CONTROL_HEADROOM, workload_controller
     from parkway.actors.roles.controller.controller import Controller
 
