@@ -9,9 +9,10 @@ from parkway.brokers.memory import MemoryBroker, MemoryHub
 _PROCESS_HUB = MemoryHub()
 
 
-def connect(url: str, run: str, *, connection_name: str | None = None) -> Broker:
+def connect(url: str, run: str, *, connection_name: str | None = None, wait_s: float = 0.0) -> Broker:
     """A not-yet-started broker connection for ``run`` (use ``async with`` or ``await start()``), its
-    dead-letter bounds from ``PARKWAY_DEAD_LETTER_MAX_LENGTH`` / ``PARKWAY_DEAD_LETTER_MAX_AGE_S``."""
+    dead-letter bounds from ``PARKWAY_DEAD_LETTER_MAX_LENGTH`` / ``PARKWAY_DEAD_LETTER_MAX_AGE_S``.
+    ``wait_s``: how long starting it waits for a RabbitMQ that is not up (a long-running process's)."""
     try:
         bounds = DeadLetterBounds.from_env()
     except ValueError as exc:
@@ -21,5 +22,7 @@ def connect(url: str, run: str, *, connection_name: str | None = None) -> Broker
     if url.startswith(("amqp://", "amqps://")):
         from parkway.brokers.rabbitmq import RabbitBroker  # aio-pika loads only when used
 
-        return RabbitBroker(url, run, connection_name=connection_name, dead_letter_bounds=bounds)
+        return RabbitBroker(
+            url, run, connection_name=connection_name, dead_letter_bounds=bounds, connect_wait_s=wait_s
+        )
     raise ValueError(f"unsupported broker URL {url!r}: use memory:// or amqp://user:pass@host:port/")

@@ -195,8 +195,10 @@ class RabbitBroker(Broker):
         connection_name: str | None = None,
         dead_letter_bounds: DeadLetterBounds | None = None,
         queue_kind: QueueKind | None = None,
+        connect_wait_s: float = 0.0,
     ) -> None:
         super().__init__(run, dead_letter_bounds=dead_letter_bounds)
+        self.connect_wait_s = connect_wait_s  # how long ``start`` waits for a broker that is not up
         self.urls = split_urls(url)
         self.queue_kind = queue_kind or QueueKind.from_env()
         self._failover: NodeFailover | None = None
@@ -253,7 +255,9 @@ class RabbitBroker(Broker):
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        self._connection, url = await connect_first(self.urls, self.connection_name)
+        self._connection, url = await connect_first(
+            self.urls, self.connection_name, wait_s=self.connect_wait_s
+        )
         self._connection.reconnect_callbacks.add(self._on_reconnect)
         self._failover = NodeFailover(self._connection, self.urls, url)
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)

@@ -32,7 +32,9 @@ DEFAULT_RUN = "default"
 MEMORY_URL = "memory://"
 MAX_BODY_ENV = "PARKWAY_MAX_BODY_BYTES"
 CLUSTER_WAIT_ENV = "PARKWAY_CLUSTER_WAIT_S"
+BROKER_WAIT_ENV = "PARKWAY_BROKER_WAIT_S"
 DEFAULT_CLUSTER_WAIT_S = 120.0
+DEFAULT_BROKER_WAIT_S = 30.0
 MAX_DEADLINE_ENV = "PARKWAY_MAX_DEADLINE_S"
 DEFAULT_MAX_DEADLINE_S = DEFAULT_MAX_LEASE_S  # a deadline that far ahead still lapses (protocol.phases)
 REPLY_JOURNAL_MAX_BYTES_ENV = "PARKWAY_REPLY_JOURNAL_MAX_BYTES"
@@ -73,6 +75,12 @@ def cluster_wait_s(environ: Mapping[str, str] | None = None) -> float:
     return seconds_setting(
         os.environ if environ is None else environ, CLUSTER_WAIT_ENV, DEFAULT_CLUSTER_WAIT_S
     )
+
+
+def broker_wait_s(environ: Mapping[str, str] | None = None) -> float:
+    """How long a service or a run started while its broker is not up (restarting, or starting beside
+    it) tries to connect before it gives up: ``PARKWAY_BROKER_WAIT_S``, else 30 s."""
+    return seconds_setting(os.environ if environ is None else environ, BROKER_WAIT_ENV, DEFAULT_BROKER_WAIT_S)
 
 
 def seconds_setting(
@@ -200,6 +208,7 @@ class RunSettings:
     metrics_port: int = 0  # 0: no metrics endpoint
     keyring: Keyring = field(default_factory=Keyring)
     shared_secret: bool = False  # the keyring was derived from PARKWAY_SECRET: it holds every role's key
+    broker_wait_s: float = DEFAULT_BROKER_WAIT_S  # a service or run started before its broker waits so long
 
     def refuse_shared_secret(self, what: str) -> None:
         """A service process on a real broker must hold its own role's key only; raise unless the
@@ -256,4 +265,5 @@ class RunSettings:
             metrics_port=metrics_port,
             keyring=keyring if keyring is not None else Keyring.derive(secret, run_name),
             shared_secret=keyring is None,
+            broker_wait_s=broker_wait_s(),
         )

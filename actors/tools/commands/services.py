@@ -65,7 +65,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     configure_logging()
 
     async def go() -> None:
-        broker = connect(settings.broker_url, settings.run)
+        broker = connect(settings.broker_url, settings.run, wait_s=settings.broker_wait_s)
         async with broker:
             actors = [
                 build_actor(role, replica, broker, settings, durable=args.durable)
@@ -114,6 +114,7 @@ def _cmd_actor(args: argparse.Namespace) -> int:
             settings.broker_url,
             settings.run,
             connection_name=f"parkway-{settings.run}-{args.role}-{args.replica}",
+            wait_s=settings.broker_wait_s,
         )
         async with broker:
             actor = build_actor(

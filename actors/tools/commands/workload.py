@@ -79,7 +79,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     line = _progress_line(args)
 
     async def go() -> RunSummary:
-        broker = connect(settings.broker_url, settings.run, connection_name=f"parkway-{settings.run}-run")
+        broker = connect(
+            settings.broker_url,
+            settings.run,
+            connection_name=f"parkway-{settings.run}-run",
+            wait_s=settings.broker_wait_s,
+        )
         async with broker:
             controller = workload_controller(broker, settings.keyring, config)
             label = f"run {settings.run}"
