@@ -199,3 +199,23 @@ def test_a_long_outage_lands_on_a_save_point_drawn_from_the_seed() -> None:
     assert outage_plan(FaultKind.BROKER_RESTART, 60.0, seed=14) == plan
     drawn = {outage_plan(FaultKind.STATE_UNWRITABLE, 60.0, seed=s).outage_points[0].point for s in range(40)}
     assert len(drawn) > 5  # the seed moves it over the save steps
+
+
+def test_a_fault_at_a_step_fires_when_that_step_started_lately_not_only_when_it_is_the_newest() -> None:
+    # CI's seeded schedule: "pause_actor at prepare" waited for prepare to be the controller's newest
+    # step at a 20 ms poll; prepare takes a few milliseconds since the window shrank, so it never was,
+    # and the pause (and the pause queued behind it) never fired.
+    import time
+
+    from parkway.actors.chaos.nemesis import started_lately
+    from parkway.protocol.history import SnapshotStep
+
+    now = time.time()
+    steps = ["close_gate", "retire", "ack_drain", "prepare", "drain_receipts", "capture", "open_gate"]
+    records = [
+        SnapshotStep(checkpoint_id="ck-1", step=s, t=now - 0.05 + i * 0.005) for i, s in enumerate(steps)
+    ]
+    assert started_lately(records, "prepare")  # started 35 ms ago, no longer the newest step
+    assert not started_lately(records, "publish")  # not started at all
+    old = [SnapshotStep(checkpoint_id="ck-0", step="prepare", t=now - 5.0)]
+    assert not started_lately(old + records[4:], "prepare")  # started, but too long ago
