@@ -19,13 +19,11 @@ from parkway.protocol.ledger import Ledger
 from tests.support.crash_cluster import (
     CONFIG,
     CRASH_FAULTS,
-    ROLES,
     cluster,
     crash_at,
     reference_digest,
     start_driver,
 )
-from tests.support.processes import wait_ready
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -46,17 +44,7 @@ async def test_seals_on_their_way_when_the_cluster_dies_are_finished_by_the_rest
     state = tmp_path / "state"
     reference = await reference_digest(config_path, tmp_path)
 
-    first = [
-        spawn(
-            role,
-            replica,
-            args=("--config", str(config_path)),
-            **({"PARKWAY_FAULTS": HELD_SEALS} if role == "tq" else {}),
-        )
-        for role, replica in ROLES
-    ]
-    for actor in first:
-        await wait_ready(client, actor, timeout=60)
+    first = await cluster(spawn, client, config_path, state, env={"tq": {"PARKWAY_FAULTS": HELD_SEALS}})
     driver = start_driver(config_path, run_name, state, amqp_url, faults=CRASH_FAULTS)
     snapshot = await asyncio.to_thread(
         crash_at,

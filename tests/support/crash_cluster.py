@@ -39,10 +39,19 @@ async def reference_digest(config_path: Path, tmp_path: Path) -> str:
 
 
 async def cluster(
-    spawn: Callable[..., Process], client: Client, config_path: Path, state: Path
+    spawn: Callable[..., Process],
+    client: Client,
+    config_path: Path,
+    state: Path,
+    env: dict[str, dict[str, str]] | None = None,
 ) -> list[Process]:
-    """Every actor of ``ROLES`` started (``spawn`` writes under the test's ``state``) and answering."""
-    actors = [spawn(role, replica, args=("--config", str(config_path))) for role, replica in ROLES]
+    """Every actor of ``ROLES`` started (``spawn`` writes under the test's ``state``) and answering;
+    ``env``: a role's extra environment (its ``PARKWAY_FAULTS``, say)."""
+    extra = env or {}
+    actors = [
+        spawn(role, replica, args=("--config", str(config_path)), **extra.get(role, {}))
+        for role, replica in ROLES
+    ]
     for actor in actors:
         await wait_ready(client, actor, timeout=60)
     return actors
