@@ -348,11 +348,14 @@ class Ledger:
         """Every attempt's move goes through here: the index of running and sealing attempts follows."""
         before = attempt.state
         attempt.move(event)
-        key = (sibling.rollout_id, attempt.index)
         if before in self._live:
-            del self._live[before][key]
+            del self._live[before][(sibling.rollout_id, attempt.index)]
+        self._track(sibling, attempt)
+
+    def _track(self, sibling: Sibling, attempt: Attempt) -> None:
+        """Index the attempt under its state, when that state is one the ledger keeps an index of."""
         if attempt.state in self._live:
-            self._live[attempt.state][key] = (sibling, attempt)
+            self._live[attempt.state][(sibling.rollout_id, attempt.index)] = (sibling, attempt)
 
     # -- restore -----------------------------------------------------------------------------------
     def restart_after_restore(
@@ -420,8 +423,7 @@ class Ledger:
             for sibling in group.siblings:
                 ledger._siblings[sibling.rollout_id] = (group, sibling)
                 for attempt in sibling.attempts:
-                    if attempt.state in ledger._live:
-                        ledger._live[attempt.state][(sibling.rollout_id, attempt.index)] = (sibling, attempt)
+                    ledger._track(sibling, attempt)
         return ledger
 
     # -- views ------------------------------------------------------------------------------------
