@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from parkway.actors.roles.attempt import DONE, Attempt, received
+from parkway.actors.roles.attempt import DONE, Attempt, CutEntry, received
 from parkway.actors.runtime.forgetting import AttemptKey
 from parkway.actors.runtime.packs import read_records, struct_parts
 from parkway.actors.runtime.participant import Cut, ParkReport, Participant
@@ -106,7 +106,8 @@ class Agent(Participant):
         self.cut_taken.set()
         self._park_changed = asyncio.Event()
         self._unready: set[AttemptKey] = set()  # live attempts a cut cannot be taken of right now
-        self._cut: dict[AttemptKey, SavedRollout] | None = None  # taken where they parked, at Prepare
+        self._cut: dict[AttemptKey, CutEntry] | None = None  # taken where they parked, at Prepare
+        self._cut_at_ns = 0  # when (the rollouts' ``parked by`` spans are made at Commit, after the window)
         self._held_by_cut: set[AttemptKey] = set()  # what that cut holds as running: receipts wait
         self._resender: asyncio.Task[None] | None = None
         self.handlers.update({Run: self.on_run, Ack: self.on_ack})
@@ -271,11 +272,18 @@ class Agent(Participant):
         if self.held(attempt):
             await self.released.wait()
 
+    def parked_now(self, command: Prepare) -> ParkReport | None:
+        """The cut at once when every Run the Prepare names has arrived and every rollout can be cut:
+        the usual case, answered without a turn of this busy loop."""
+        if self._unready or self._unseen(command):
+            return None
+        return self._report(self._take_cut(command.checkpoint_id), waited_s=0.0)
+
     async def wait_until_parked(self, command: Prepare) -> ParkReport:
         """Event driven: until every Run the Prepare names has arrived and every rollout can be cut
         (parked, or mid-round where its environment keeps round copies); then the cut, in memory."""
         started, waited = time.monotonic(), False
-        missing = {(e.rollout_id, e.attempt) for e in command.episodes if e.replica == self.replica}
+        missing = self._unseen(command)
         while True:
             self._park_changed.clear()
             missing = {key for key in missing if not self._has_seen(key)}
@@ -284,12 +292,20 @@ class Agent(Participant):
             waited = True
             await self._park_changed.wait()
         cut = self._take_cut(command.checkpoint_id)
+        return self._report(cut, waited_s=time.monotonic() - started if waited else 0.0)
+
+    def _report(self, cut: Cut, *, waited_s: float) -> ParkReport:
         return ParkReport(
             parked=len(cut.episodes),
             boundaries_passed=self.counts["boundaries"],
-            waited_s=time.monotonic() - started if waited else 0.0,
+            waited_s=waited_s,
             episodes=cut.episodes,
         )
+
+    def _unseen(self, command: Prepare) -> set[AttemptKey]:
+        """The attempts the Prepare names for this agent whose Runs have not arrived."""
+        keys = ((e.rollout_id, e.attempt) for e in command.episodes if e.replica == self.replica)
+        return {key for key in keys if not self._has_seen(key)}
 
     def _has_seen(self, key: AttemptKey) -> bool:
         """Whether this agent received that attempt's Run (or knows it ended)."""
@@ -301,29 +317,22 @@ class Agent(Participant):
     def _take_cut(self, checkpoint_id: str) -> Cut:
         """Each rollout's transcript up to its last boundary: immutable values, so the cut is a list of
         references now and the encoding waits for Persist (a rollout's saved transcript is the same
-        object from one cut to the next until it passes a boundary)."""
-        saved: dict[AttemptKey, SavedRollout] = {}
-        for key, live in self.live.items():
-            saved[key] = live.saved()
-            live.trace.parked(checkpoint_id)  # linked to this snapshot's trace (docs/tracing.md)
-        self._cut = saved
+        object from one cut to the next until it passes a boundary, and so is its episode ref)."""
+        saved = {key: live.cut_entry() for key, live in self.live.items()}
+        self._cut, self._cut_at_ns = saved, time.time_ns()
         self._held_by_cut = set(saved)
         self.cut_taken.set()  # the rollouts whose environment allows it go on at once
         self.counts["cuts_taken"] += 1
         return self._cut_of(saved)
 
-    def _cut_of(self, saved: dict[AttemptKey, SavedRollout]) -> Cut:
+    def _cut_of(self, saved: dict[AttemptKey, CutEntry]) -> Cut:
         def write(directory: Path) -> tuple[FileDigest, ...]:
-            ordered = [saved[key] for key in sorted(saved)]
+            ordered = [saved[key][0] for key in sorted(saved)]
             # Each step its own piece: a transcript that grew writes its new steps, not its history.
             parts = [struct_parts(rollout, split=("model", "tools")) for rollout in ordered]
             return self.records.packed(directory / AGENT_ROLLOUTS, parts)
 
-        episodes = tuple(
-            EpisodeRef(rollout_id=r, attempt=a, replica=self.replica, tools=len(rollout.tools))
-            for (r, a), rollout in saved.items()
-        )
-        return Cut(write=write, episodes=episodes)
+        return Cut(write=write, episodes=tuple(entry[1] for entry in saved.values()))
 
     def take_cut(self, command: Commit) -> Cut:
         """The cut taken at Prepare, less what the Commit leaves out of it (attempts the controller gave
@@ -333,8 +342,10 @@ class Agent(Participant):
                 ErrorCode.INVALID_PHASE, f"commit of {command.checkpoint_id}: no cut was taken"
             )
         kept = {(e.rollout_id, e.attempt) for e in command.episodes}
-        saved = {key: rollout for key, rollout in self._cut.items() if key in kept}
+        saved = {key: cut for key, cut in self._cut.items() if key in kept}
         self._cut = None
+        for _, _, trace in saved.values():  # linked to this snapshot's trace (docs/tracing.md)
+            trace.parked(command.checkpoint_id, at_ns=self._cut_at_ns)
         return self._cut_of(saved)
 
     async def release(self) -> None:

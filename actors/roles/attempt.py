@@ -49,6 +49,7 @@ from parkway.protocol.history import (
 from parkway.protocol.ids import capture_key, staging_key
 from parkway.protocol.messages import (
     Completed,
+    EpisodeRef,
     Error,
     Failed,
     Generate,
@@ -73,6 +74,8 @@ DONE = "done"  # the program ended while a cut held the attempt: its receipt wai
 PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL, AWAITING_TOOL})
 # Where an attempt whose environment keeps round copies may be cut as well: at its last boundary.
 MID_ROUND_STATES = frozenset({RUNNING, IN_TOOL, DONE})
+# What a cut keeps of an attempt (``Attempt.cut_entry``): its saved transcript, its ref, its trace.
+CutEntry = tuple[SavedRollout, EpisodeRef, tracing.AttemptTrace]
 
 
 class AttemptHost(Protocol):
@@ -136,6 +139,7 @@ class Attempt:
         self.tools: list[ToolStep] = []
         self.mark = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
         self._saved: SavedRollout | None = None  # ``saved()`` at ``mark``: unchanged until the next boundary
+        self._cut_entry: CutEntry | None = None  # ``cut_entry()``
         env = host.environment(run.env)
         self.boundary_tools: frozenset[str] = env.boundary_before if env is not None else frozenset()
         # Cut anywhere (mid-round too): its tool server keeps the session as it was at the last boundary.
@@ -167,6 +171,21 @@ class Attempt:
                 boundaries=boundaries,
             )
         return self._saved
+
+    def cut_entry(self) -> CutEntry:
+        """What a cut holds of it: ``saved()``, the episode ref the cut names it by (its tool calls
+        there) and its trace; one tuple until the next boundary, made again only when the saved
+        transcript changed (a cut takes one per rollout in flight, inside the window)."""
+        saved = self.saved()
+        if self._cut_entry is None or self._cut_entry[0] is not saved:
+            ref = EpisodeRef(
+                rollout_id=self.run.rollout_id,
+                attempt=self.run.attempt,
+                replica=self.host.replica,
+                tools=len(saved.tools),
+            )
+            self._cut_entry = (saved, ref, self.trace)
+        return self._cut_entry
 
     async def run_to_receipt(self) -> Completed | Failed:
         """Run the program to its end. Cancelled (retired, or the agent stopping): the tool session is

@@ -320,9 +320,7 @@ class Policy(Participant):
                 raise asyncio.CancelledError
 
     # -- checkpoint hooks ----------------------------------------------------------------------
-    parks_at_once = True
-
-    def parked_at_once(self, command: Prepare) -> ParkReport:
+    def parked_now(self, command: Prepare) -> ParkReport:
         # Never waits for a generation, and holds none: the calls go on through a checkpoint.
         return ParkReport(parked=len(self._generating))
 

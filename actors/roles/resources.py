@@ -416,9 +416,7 @@ class Resources(Participant):
         await super().stop()
 
     # -- checkpoints -----------------------------------------------------------------------------
-    parks_at_once = True
-
-    def parked_at_once(self, command: Prepare) -> ParkReport:
+    def parked_now(self, command: Prepare) -> ParkReport:
         """Tool calls are short and handled in one step; a restart-only server reports its sessions
         as restarts instead of making the snapshot wait (they restart from the prompt after a crash)."""
         if self.mode == "restart_only":

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import structlog
 from parkway.actors.runtime.packs import read_records, write_records
-from parkway.actors.runtime.participant import Cut, Participant
+from parkway.actors.runtime.participant import Cut, ParkReport, Participant
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import Refused, RowSealed, RowStaged, RowUnsealed, SnapshotInstalled
 from parkway.protocol.ids import Role, capture_key, parse_capture_key, parse_staging_key
@@ -29,6 +29,7 @@ from parkway.protocol.messages import (
     FileDigest,
     Message,
     Ok,
+    Prepare,
     ReleaseRows,
     Restore,
     Retire,
@@ -232,7 +233,6 @@ class TransferQueue(Participant):
     # byte bound in the 100,000-rollout soak.
     queries = (*Participant.queries, FetchRows)
     idempotent = (*Participant.idempotent, ReleaseRows)  # rows released twice: nothing more to drop
-    parks_at_once = True  # nothing to park: its Prepare and Commit go out back to back, on its data lane
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -310,6 +310,10 @@ class TransferQueue(Participant):
                     RowUnsealed(rollout_id=row.rollout_id, attempt=row.attempt, capture_key=row.capture_key)
                 )
         return reply
+
+    def parked_now(self, command: Prepare) -> ParkReport:
+        # Nothing to park: its Prepare and Commit go out back to back, on its data lane.
+        return ParkReport()
 
     def forget_attempts(self, keys: list[tuple[str, int]]) -> None:
         self.counts["rows_forgotten"] += self.store.forget(keys)

@@ -4,7 +4,8 @@ Roles that take part in snapshots (agent, resources, policy, tq) subclass ``Part
 the hooks; the command handling, fencing, reply caching and the lease are the same for all of them:
 
 - ``close_admission``   at Prepare: stop taking new work (queued work waits, accepted work goes on);
-- ``wait_until_parked`` at Prepare: return when the cut can be taken (event driven);
+- ``parked_now``        at Prepare: the report at once, when nothing need be waited for (no await);
+- ``wait_until_parked`` at Prepare, otherwise: return when the cut can be taken (event driven);
 - ``take_cut``          at Commit: an immutable in-memory copy of what the snapshot keeps, and how to
                         write it; no I/O, no await (it is inside the admission-closed window);
 - ``install_snapshot``  at Restore: load records, return the attempts restored;
@@ -113,10 +114,6 @@ UNREADABLE = (OSError, msgspec.DecodeError, msgspec.ValidationError, KeyError, T
 
 class Participant(Actor):
     mode: str = "exported"  # exported | stateless | restart_only
-    # A role with nothing to park answers Prepare in the same step of the event loop it got it in
-    # (``parked_at_once``), so a Commit sent right behind it on the same lane finds it prepared: the
-    # controller need not wait for the one to send the other.
-    parks_at_once: ClassVar[bool] = False
     idempotent: ClassVar[tuple[type[Message], ...]] = (Forget,)  # forgetting twice forgets the same
     # A role whose saved records are per rollout (agents, tool servers) can restore another replica's
     # (``Restore.sources``): the cluster may come back with another number of them.
@@ -171,9 +168,12 @@ class Participant(Actor):
     async def wait_until_parked(self, command: Prepare) -> ParkReport:
         return ParkReport()
 
-    def parked_at_once(self, command: Prepare) -> ParkReport:
-        """What a role that ``parks_at_once`` reports: no await, no waiting."""
-        return ParkReport()
+    def parked_now(self, command: Prepare) -> ParkReport | None:
+        """The cut at once, when nothing need be waited for; None sends the Prepare to
+        ``wait_until_parked``. Answered in the step of the event loop the Prepare came in: a Commit
+        sent right behind it on the same lane finds it prepared, and a busy loop gets no turn between
+        the Prepare and its reply (the wait's tasks cost two)."""
+        return None
 
     def take_cut(self, command: Commit) -> Cut:
         """The cut: copies of what the snapshot keeps, taken now, written later (``Cut.write``). It runs
@@ -258,9 +258,8 @@ class Participant(Actor):
             await self.close_admission()
         if self.phases.phase is Phase.PREPARED:
             return self._prepared.get(cid, Prepared(checkpoint_id=cid))
-        if self.parks_at_once:
-            report = self.parked_at_once(command)
-        else:
+        report = self.parked_now(command)
+        if report is None:
             report = await wait_parked(self, command, self._ended.setdefault(cid, asyncio.Event()))
         self._apply(Event.PARKED, cid, None)
         log.info("prepared", parked=report.parked, restarts=len(report.restarts))

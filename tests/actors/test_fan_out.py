@@ -1,4 +1,5 @@
-"""``settle_all``: how the controller asks a stage's participants at once (anyio task group)."""
+"""``settle_all``: how the controller asks a stage's participants at once (anyio task group; one call in the
+caller's own task)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,20 @@ async def test_a_cancelled_caller_cancels_every_call() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert sorted(cancelled) == ["a", "b"]
+
+
+async def test_one_call_runs_in_the_callers_task_and_settles_the_same() -> None:
+    # A stage of one participant (TQ at capture) starts no task: no turn of the loop before it is sent.
+    caller = asyncio.current_task()
+    ran_in: list[asyncio.Task[object] | None] = []
+
+    async def answers() -> str:
+        ran_in.append(asyncio.current_task())
+        return "ok"
+
+    async def fails() -> str:
+        raise ValueError("refused")
+
+    assert await settle_all([answers]) == ["ok"] and ran_in == [caller]
+    [failure] = await settle_all([fails])
+    assert isinstance(failure, ValueError) and str(failure) == "refused"

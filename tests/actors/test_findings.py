@@ -68,6 +68,13 @@ async def test_restart_only_servers_never_stall_a_snapshot(tmp_path: Path) -> No
     assert resumed.rollouts_sealed == 6 and resumed.mean_reward == 1.0
 
 
+def agents_wait_with(monkeypatch, wait) -> None:
+    """Every agent's Prepare goes through ``wait`` (in place of ``wait_until_parked``), never the cut
+    at once (``parked_now``) that skips the wait when every rollout is parked already."""
+    monkeypatch.setattr(Agent, "parked_now", lambda self, command: None)
+    monkeypatch.setattr(Agent, "wait_until_parked", wait)
+
+
 async def test_a_transient_participant_error_is_retried_not_fatal(tmp_path: Path, monkeypatch) -> None:
     # NeMo #4266-1: an HTTP 500 from a participant during a periodic snapshot ended the run.
     failures = {"left": 2}
@@ -79,7 +86,7 @@ async def test_a_transient_participant_error_is_retried_not_fatal(tmp_path: Path
             raise ProtocolError(ErrorCode.UNAVAILABLE, "injected 500")
         return await original(self, command)
 
-    monkeypatch.setattr(Agent, "wait_until_parked", flaky)
+    agents_wait_with(monkeypatch, flaky)
     summary = await run(tmp_path)
     assert summary.snapshots_failed >= 1 and summary.snapshots_published >= 1
     assert summary.rollouts_sealed == 6
@@ -91,7 +98,7 @@ async def test_transient_failures_in_a_row_end_the_run_only_when_configured(
     async def always(self: Agent, command: Prepare) -> ParkReport:
         raise ProtocolError(ErrorCode.UNAVAILABLE, "injected 500")
 
-    monkeypatch.setattr(Agent, "wait_until_parked", always)
+    agents_wait_with(monkeypatch, always)
     slow = {"host": "inline", "per_token_delay_s": 0.002}
     with pytest.raises(RuntimeError) as info:
         await run(tmp_path / "limited", policy=slow, snapshots={"end_after_failures": 3})
@@ -171,7 +178,7 @@ async def test_the_stall_watchdog_does_not_count_parked_time(tmp_path: Path, mon
         await asyncio.sleep(0.8)  # every snapshot keeps the rollouts parked longer than the stall timeout
         return await original(self, command)
 
-    monkeypatch.setattr(Agent, "wait_until_parked", slow_to_park)
+    agents_wait_with(monkeypatch, slow_to_park)
     summary = await run(
         tmp_path,
         rollout={"group_size": 3, "max_turns": 5, "stall_timeout_s": 0.6},

@@ -38,6 +38,11 @@ T = TypeVar("T")
 async def settle_all(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T | Exception]:
     """Run every call at once and wait for all of them: each one's result, or the exception it raised
     (a failing call does not cancel the others; a cancellation of the caller cancels them all)."""
+    if len(calls) == 1:  # (one call needs no task: a task is one more turn of the loop to start it)
+        try:
+            return [await calls[0]()]
+        except Exception as exc:
+            return [exc]
     results: dict[int, T | Exception] = {}
 
     async def settle(index: int, call: Callable[[], Awaitable[T]]) -> None:

@@ -148,13 +148,13 @@ class SaveSequence:
         config_fingerprint: str,
     ) -> None:
         self.host, self.config, self.run = host, config, run
-        self.participants, self.metrics = participants, metrics
-        self.config_fingerprint = config_fingerprint
+        self.participants, self.metrics, self.config_fingerprint = participants, metrics, config_fingerprint
         self.last_progress: Progress | None = None
         # The newest snapshot this controller published: participants link from it what did not change.
         self.base: str | None = None
         self.on_published: Callable[[Published], None] | None = None  # a test hook
         self.aborting: asyncio.Task[None] | None = None  # the last aborted snapshot's abort round
+        self.scopes = scopes.DispatchedScopes()
 
     async def progress(self) -> Progress:
         boundaries = 0
@@ -334,7 +334,7 @@ class SaveSequence:
 
     async def prepare(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         cid, deadline = attempt.checkpoint_id, attempt.deadline
-        dispatched = scopes.dispatched_to(self.host.ledger)
+        dispatched = self.scopes.of(self.host.ledger)
         for stage in stages:
             replies = await self.participants.ask(
                 stage,

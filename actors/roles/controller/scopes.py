@@ -10,15 +10,30 @@ from parkway.protocol.messages import EpisodeRef
 GIVEN_UP = frozenset({AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.RETIRED})
 
 
-def dispatched_to(ledger: Ledger) -> dict[str, tuple[EpisodeRef, ...]]:
-    """Each agent's dispatched attempts: its Prepare waits until their Runs arrived."""
-    scope: dict[str, list[EpisodeRef]] = {}
-    for sibling, attempt in ledger.dispatched_attempts():
-        if attempt.replica is not None:
-            scope.setdefault(actor_address(Role.AGENT, attempt.replica), []).append(
-                EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=attempt.replica)
-            )
-    return {address: tuple(refs) for address, refs in scope.items()}
+class DispatchedScopes:
+    """Each agent's dispatched attempts: its Prepare waits until their Runs arrived. A running attempt's
+    ref is made at the first snapshot that names it and kept while it runs, so a snapshot does not make
+    one per attempt in flight inside its window (a millisecond at 1024 in flight, on the controller's
+    loop while admission is closed)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[tuple[str, int, int], EpisodeRef] = {}
+
+    def of(self, ledger: Ledger) -> dict[str, tuple[EpisodeRef, ...]]:
+        refs: dict[tuple[str, int, int], EpisodeRef] = {}
+        scope: dict[int, list[EpisodeRef]] = {}
+        for sibling, attempt in ledger.dispatched_attempts():
+            replica = attempt.replica
+            if replica is None:
+                continue
+            key = (sibling.rollout_id, attempt.index, replica)
+            ref = self._refs.get(key)
+            if ref is None:
+                ref = EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=replica)
+            refs[key] = ref
+            scope.setdefault(replica, []).append(ref)
+        self._refs = refs  # only the attempts still running: the ones that ended are let go
+        return {actor_address(Role.AGENT, replica): tuple(named) for replica, named in scope.items()}
 
 
 def given_up(ledger: Ledger, episode: EpisodeRef) -> bool:

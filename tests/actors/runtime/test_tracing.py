@@ -167,6 +167,15 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
         s.links[0].context.trace_id == checkpoint_trace_id(s.attributes["parkway.checkpoint_id"])
         for s in parked
     )
+    # Made at the agent's Commit, after the window (not one per rollout inside it), and dated at the
+    # cut: each ends after its agent's Prepare of that snapshot, and is of no length.
+    for span in (s for s in parked if s.attributes["parkway.checkpoint_id"] == cid):
+        agent = span.attributes["parkway.actor"]
+        [prepared] = [s for s in mine if s.name == "Prepare" and s.attributes["parkway.actor"] == agent]
+        assert finished.index(span) > finished.index(prepared)
+        assert (
+            span.start_time == span.end_time and prepared.start_time <= span.start_time <= prepared.end_time
+        )
 
     # Log lines carry the ids: those of the checkpoint, its trace id.
     lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]

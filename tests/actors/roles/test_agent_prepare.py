@@ -1,0 +1,125 @@
+"""An agent's Prepare: answered in the step it came in when every rollout can be cut already
+(``parked_now``), waited for otherwise (a Run on its way, a rollout between boundaries), and the refs
+a cut names, made once per boundary; the controller's scopes, made once per running attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from parkway.actors.roles.agent import Agent
+from parkway.actors.roles.controller.scopes import DispatchedScopes
+from parkway.actors.runtime import participant
+from parkway.actors.runtime.tracing import NO_ROLLOUT_TRACE
+from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol.ledger import Granularity, Ledger
+from parkway.protocol.messages import EpisodeRef, Prepare, Prepared
+
+from tests.support.signed import SECRET
+
+RUN = "agentprepare"
+
+
+class ParkedRollout:
+    """What an agent's cut reads of a live rollout: its saved transcript and ref, and its trace."""
+
+    def __init__(self, rollout_id: str, tools: int) -> None:
+        self.saved = object()  # the cut keeps a reference; only Persist encodes it
+        self.ref = EpisodeRef(rollout_id=rollout_id, attempt=0, replica=0, tools=tools)
+        self.trace = NO_ROLLOUT_TRACE
+
+    def cut_entry(self) -> tuple[object, EpisodeRef, object]:
+        return self.saved, self.ref, self.trace
+
+
+def prepare(*rollouts: str) -> Prepare:
+    return Prepare(
+        checkpoint_id="ck-prepare",
+        deadline=time.time() + 30,
+        episodes=tuple(EpisodeRef(rollout_id=r, attempt=0, replica=0) for r in rollouts),
+    )
+
+
+@pytest.fixture
+def no_wait(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Records every Prepare that went to the wait (``wait_parked``) instead of being answered at once."""
+    waited: list[str] = []
+    wait = participant.wait_parked
+
+    async def recorded(p: participant.Participant, command: Prepare, ended: asyncio.Event):
+        waited.append(command.checkpoint_id)
+        return await wait(p, command, ended)
+
+    monkeypatch.setattr(participant, "wait_parked", recorded)
+    yield waited
+
+
+async def test_a_prepare_finding_every_rollout_parked_is_answered_at_once(no_wait: list[str]) -> None:
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        agent = Agent(broker, secret=SECRET)
+        rollouts = {("a_g0", 0): ParkedRollout("a_g0", 2), ("a_g1", 0): ParkedRollout("a_g1", 0)}
+        for (rollout_id, attempt), live in rollouts.items():
+            agent.latest_attempt[rollout_id] = attempt
+            agent.live[(rollout_id, attempt)] = live  # type: ignore[assignment]
+        reply = await agent.on_prepare(prepare("a_g0", "a_g1"))
+        assert isinstance(reply, Prepared) and no_wait == []
+        # The cut names each rollout by the ref its boundary made (its tool calls there), not a copy.
+        assert [id(e) for e in reply.episodes] == [id(live.ref) for live in rollouts.values()]
+        assert reply.parked == 2 and agent.cut_taken.is_set()
+
+
+async def test_a_prepare_naming_a_run_not_yet_arrived_waits_for_it(no_wait: list[str]) -> None:
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        agent = Agent(broker, secret=SECRET)
+        agent.latest_attempt["a_g0"] = 0
+        agent.live[("a_g0", 0)] = ParkedRollout("a_g0", 1)  # type: ignore[assignment]
+        prepared = asyncio.ensure_future(agent.on_prepare(prepare("a_g0", "a_g1")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not prepared.done() and no_wait == ["ck-prepare"] and not agent.cut_taken.is_set()
+        # The Run arrives (the agent knows the attempt now) and runs to its first boundary.
+        agent.latest_attempt["a_g1"] = 0
+        agent.live[("a_g1", 0)] = ParkedRollout("a_g1", 0)  # type: ignore[assignment]
+        agent._park_changed.set()
+        reply = await asyncio.wait_for(prepared, 5)
+        assert isinstance(reply, Prepared)
+        assert {(e.rollout_id, e.attempt) for e in reply.episodes} == {("a_g0", 0), ("a_g1", 0)}
+
+
+async def test_a_prepare_meeting_a_rollout_between_boundaries_waits_for_its_boundary(
+    no_wait: list[str],
+) -> None:
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        agent = Agent(broker, secret=SECRET)
+        agent.latest_attempt["a_g0"] = 0
+        agent.live[("a_g0", 0)] = ParkedRollout("a_g0", 3)  # type: ignore[assignment]
+        agent._unready.add(("a_g0", 0))  # in a tool round its environment keeps no copy of
+        prepared = asyncio.ensure_future(agent.on_prepare(prepare("a_g0")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not prepared.done() and no_wait == ["ck-prepare"]
+        agent._unready.discard(("a_g0", 0))
+        agent._park_changed.set()
+        reply = await asyncio.wait_for(prepared, 5)
+        assert isinstance(reply, Prepared) and [e.tools for e in reply.episodes] == [3]
+
+
+def test_the_controller_makes_a_running_attempts_ref_once() -> None:
+    ledger = Ledger()
+    ledger.add_group("t0001", 1, 3, Granularity.SIBLING)
+    for index, sibling in enumerate(ledger.reserved()):
+        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=index % 2)
+    scopes = DispatchedScopes()
+    first = scopes.of(ledger)
+    assert {a: [e.rollout_id for e in refs] for a, refs in first.items()} == {
+        "agent/0": ["t0001_g0", "t0001_g2"],
+        "agent/1": ["t0001_g1"],
+    }
+    ledger.receive("t0001_g0", 0, reward=1.0, turns=3)  # it finished: no Prepare names it again
+    second = scopes.of(ledger)
+    assert [e.rollout_id for e in second["agent/0"]] == ["t0001_g2"]
+    assert second["agent/0"][0] is first["agent/0"][1] and second["agent/1"][0] is first["agent/1"][0]
+    # A scope made without the refs kept from before names the same attempts.
+    assert DispatchedScopes().of(ledger) == second
