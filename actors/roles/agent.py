@@ -284,13 +284,11 @@ class Agent(Participant):
         (parked, or mid-round where its environment keeps round copies); then the cut, in memory."""
         started, waited = time.monotonic(), False
         missing = self._unseen(command)
-        while True:
-            self._park_changed.clear()
-            missing = {key for key in missing if not self._has_seen(key)}
-            if not missing and not self._unready:
-                break
+        while missing or self._unready:
             waited = True
+            self._park_changed.clear()  # (no await since the check: no change is missed)
             await self._park_changed.wait()
+            missing = {key for key in missing if not self._has_seen(key)}
         cut = self._take_cut(command.checkpoint_id)
         return self._report(cut, waited_s=time.monotonic() - started if waited else 0.0)
 
@@ -327,12 +325,12 @@ class Agent(Participant):
 
     def _cut_of(self, saved: dict[AttemptKey, CutEntry]) -> Cut:
         def write(directory: Path) -> tuple[FileDigest, ...]:
-            ordered = [saved[key][0] for key in sorted(saved)]
+            ordered = [saved[key].saved for key in sorted(saved)]
             # Each step its own piece: a transcript that grew writes its new steps, not its history.
             parts = [struct_parts(rollout, split=("model", "tools")) for rollout in ordered]
             return self.records.packed(directory / AGENT_ROLLOUTS, parts)
 
-        return Cut(write=write, episodes=tuple(entry[1] for entry in saved.values()))
+        return Cut(write=write, episodes=tuple(entry.ref for entry in saved.values()))
 
     def take_cut(self, command: Commit) -> Cut:
         """The cut taken at Prepare, less what the Commit leaves out of it (attempts the controller gave
@@ -344,8 +342,8 @@ class Agent(Participant):
         kept = {(e.rollout_id, e.attempt) for e in command.episodes}
         saved = {key: cut for key, cut in self._cut.items() if key in kept}
         self._cut = None
-        for _, _, trace in saved.values():  # linked to this snapshot's trace (docs/tracing.md)
-            trace.parked(command.checkpoint_id, at_ns=self._cut_at_ns)
+        for entry in saved.values():  # linked to this snapshot's trace (docs/tracing.md)
+            entry.trace.parked(command.checkpoint_id, at_ns=self._cut_at_ns)
         return self._cut_of(saved)
 
     async def release(self) -> None:

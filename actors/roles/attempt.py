@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import structlog
 from msgspec import UNSET, UnsetType
@@ -74,8 +74,14 @@ DONE = "done"  # the program ended while a cut held the attempt: its receipt wai
 PARKED_STATES = frozenset({AT_BOUNDARY, AWAITING_MODEL, AWAITING_TOOL})
 # Where an attempt whose environment keeps round copies may be cut as well: at its last boundary.
 MID_ROUND_STATES = frozenset({RUNNING, IN_TOOL, DONE})
-# What a cut keeps of an attempt (``Attempt.cut_entry``): its saved transcript, its ref, its trace.
-CutEntry = tuple[SavedRollout, EpisodeRef, tracing.AttemptTrace]
+
+
+class CutEntry(NamedTuple):
+    """What a cut keeps of an attempt (``Attempt.cut_entry``)."""
+
+    saved: SavedRollout  # its transcript up to its last boundary
+    ref: EpisodeRef  # what the cut names it by (its tool calls there)
+    trace: tracing.AttemptTrace  # where its ``parked by`` span goes
 
 
 class AttemptHost(Protocol):
@@ -177,14 +183,14 @@ class Attempt:
         there) and its trace; one tuple until the next boundary, made again only when the saved
         transcript changed (a cut takes one per rollout in flight, inside the window)."""
         saved = self.saved()
-        if self._cut_entry is None or self._cut_entry[0] is not saved:
+        if self._cut_entry is None or self._cut_entry.saved is not saved:
             ref = EpisodeRef(
                 rollout_id=self.run.rollout_id,
                 attempt=self.run.attempt,
                 replica=self.host.replica,
                 tools=len(saved.tools),
             )
-            self._cut_entry = (saved, ref, self.trace)
+            self._cut_entry = CutEntry(saved, ref, self.trace)
         return self._cut_entry
 
     async def run_to_receipt(self) -> Completed | Failed:

@@ -313,8 +313,13 @@ class RolloutTrace:
         self._turn: trace.Span | None = None
 
     def _parent(self) -> otel_context.Context:
-        span: trace.Span = self._turn if self._turn is not None else NonRecordingSpan(self.root)
-        return trace.set_span_in_context(span, otel_context.Context())
+        """The turn in progress, or the rollout's root between turns."""
+        if self._turn is None:
+            return self._root_context()
+        return trace.set_span_in_context(self._turn, otel_context.Context())
+
+    def _root_context(self) -> otel_context.Context:
+        return trace.set_span_in_context(NonRecordingSpan(self.root), otel_context.Context())
 
     async def running(self, work: Awaitable[T], *, continues: int | None) -> T:
         """The attempt's root span around its program; linked to the attempt it continues."""
@@ -374,7 +379,7 @@ class RolloutTrace:
         microseconds, and one per rollout inside the window more than doubled it at 1024 in flight."""
         span = self.tracer.start_span(
             f"parked by {checkpoint_id}",
-            context=trace.set_span_in_context(NonRecordingSpan(self.root), otel_context.Context()),
+            context=self._root_context(),
             attributes={**self.attributes, "parkway.checkpoint_id": checkpoint_id},
             links=[checkpoint_link(checkpoint_id, "parked_by")],
             start_time=at_ns,

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from parkway.actors.roles.agent import Agent
+from parkway.actors.roles.attempt import CutEntry
 from parkway.actors.roles.controller.scopes import DispatchedScopes
 from parkway.actors.runtime import participant
 from parkway.actors.runtime.tracing import NO_ROLLOUT_TRACE
@@ -30,8 +31,8 @@ class ParkedRollout:
         self.ref = EpisodeRef(rollout_id=rollout_id, attempt=0, replica=0, tools=tools)
         self.trace = NO_ROLLOUT_TRACE
 
-    def cut_entry(self) -> tuple[object, EpisodeRef, object]:
-        return self.saved, self.ref, self.trace
+    def cut_entry(self) -> CutEntry:
+        return CutEntry(self.saved, self.ref, self.trace)  # type: ignore[arg-type]  # a stand-in transcript
 
 
 def prepare(*rollouts: str) -> Prepare:
