@@ -146,8 +146,9 @@ class Group:
         self.state = after
 
 
-# The states the ledger keeps an index of (``Ledger._live``): what runs and what is being sealed.
-_INDEXED = (AttemptState.DISPATCHED, AttemptState.SEALING)
+# The states the ledger keeps an index of (``Ledger._live``): what runs, what is being sealed, and what
+# was given up on and may still run on an agent (retired inside every snapshot's window).
+_INDEXED = (AttemptState.DISPATCHED, AttemptState.SEALING, AttemptState.ABANDONED)
 # A prompt_group redo abandons every sibling's current attempt but the failed and the given up.
 _ABANDONABLE = (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALING, AttemptState.SEALED)
 
@@ -175,11 +176,16 @@ class Ledger:
         self.max_attempts = max_attempts
         self.groups: dict[str, Group] = {}
         self._siblings: dict[str, tuple[Group, Sibling]] = {}
-        # The attempts running and sealing, kept at every move: the snapshot's window and each dispatch
-        # ask for them, and a scan of the whole ledger each time grew with the rollouts in flight.
+        # The attempts running, sealing and abandoned, kept at every move: the snapshot's window and each
+        # dispatch ask for them, and a scan of the whole ledger each time grew with the rollouts in flight.
         self._live: dict[AttemptState, dict[tuple[str, int], tuple[Sibling, Attempt]]] = {
             state: {} for state in _INDEXED
         }
+        # Each group as the last export encoded it, and the groups changed since: a snapshot copies the
+        # ledger inside its window, and encodes again only the groups that moved, not every one held.
+        # (So every change goes through a method here: one made from outside is not seen by ``export``.)
+        self._encoded: dict[str, msgspec.Raw] = {}
+        self._changed: set[str] = set()
 
     # -- building --------------------------------------------------------------------------------
     def add_group(self, group_id: str, task_index: int, size: int, granularity: Granularity) -> Group:
@@ -188,6 +194,7 @@ class Ledger:
         siblings = [Sibling(rollout_id(group_id, i), i) for i in range(size)]
         group = Group(group_id, task_index, granularity, siblings)
         self.groups[group_id] = group
+        self._changed.add(group_id)
         for sibling in siblings:
             self._siblings[sibling.rollout_id] = (group, sibling)
             self._new_attempt(sibling)
@@ -197,6 +204,7 @@ class Ledger:
         index = len(sibling.attempts)
         attempt = Attempt(index, capture_key(sibling.rollout_id, index))
         sibling.attempts.append(attempt)
+        self._changed.add(self._siblings[sibling.rollout_id][0].group_id)
         return attempt
 
     def sibling(self, rollout: str) -> Sibling:
@@ -318,6 +326,7 @@ class Ledger:
     def _settle_if_done(self, group: Group) -> None:
         if group.state is GroupState.GENERATING and all(s.settled for s in group.siblings):
             group.move(GroupEvent.SETTLE)
+            self._changed.add(group.group_id)
 
     def ready_groups(self) -> list[Group]:
         return [g for g in self.groups.values() if g.state is GroupState.READY_TO_FINALIZE]
@@ -325,12 +334,15 @@ class Ledger:
     def finalize(self, group_id: str) -> Group:
         group = self.groups[group_id]
         group.move(GroupEvent.FINALIZE)
+        self._changed.add(group_id)
         return group
 
     def remove(self, group_id: str) -> Group:
         group = self.groups.pop(group_id)
         if group.state is not GroupState.FINALIZING:
             raise LedgerError(f"group {group_id} removed in state {group.state.value}")
+        self._encoded.pop(group_id, None)
+        self._changed.discard(group_id)
         for s in group.siblings:
             del self._siblings[s.rollout_id]
             for a in s.attempts:
@@ -345,12 +357,14 @@ class Ledger:
         return sibling.current
 
     def _move(self, sibling: Sibling, attempt: Attempt, event: AttemptEvent) -> None:
-        """Every attempt's move goes through here: the index of running and sealing attempts follows."""
+        """Every attempt's move goes through here: the index follows, and the group is encoded again at
+        the next export (with the fields the calling method sets next to the move)."""
         before = attempt.state
         attempt.move(event)
         if before in self._live:
             del self._live[before][(sibling.rollout_id, attempt.index)]
         self._track(sibling, attempt)
+        self._changed.add(self._siblings[sibling.rollout_id][0].group_id)
 
     def _track(self, sibling: Sibling, attempt: Attempt) -> None:
         """Index the attempt under its state, when that state is one the ledger keeps an index of."""
@@ -408,10 +422,26 @@ class Ledger:
         (in ledger order after a load)."""
         return list(self._live[AttemptState.SEALING].values())
 
+    def abandoned(self) -> list[tuple[Sibling, Attempt]]:
+        """Attempts given up on and not yet retired (their agent may still run them), in the order they
+        were abandoned (in ledger order after a load)."""
+        return list(self._live[AttemptState.ABANDONED].values())
+
     # -- persistence ---------------------------------------------------------------------------------
+    def place_on_policy(self, rollout: str, policy: int) -> None:
+        """After a restore onto another number of policy replicas: the replica the current attempt's
+        calls go to (the one that took over its saved prefix)."""
+        self.sibling(rollout).current.policy = policy
+        self._changed.add(self.group_of(rollout).group_id)
+
     def export(self) -> bytes:
+        """The whole ledger, encoded. A group unchanged since the last export is not encoded again: its
+        bytes are reused (the result is the same bytes as encoding every group)."""
+        for group_id in self._changed:
+            self._encoded[group_id] = msgspec.Raw(msgspec.msgpack.encode(self.groups[group_id]))
+        self._changed.clear()
         return msgspec.msgpack.encode(
-            {"max_attempts": self.max_attempts, "groups": list(self.groups.values())}
+            {"max_attempts": self.max_attempts, "groups": [self._encoded[g] for g in self.groups]}
         )
 
     @classmethod
@@ -424,6 +454,7 @@ class Ledger:
                 ledger._siblings[sibling.rollout_id] = (group, sibling)
                 for attempt in sibling.attempts:
                     ledger._track(sibling, attempt)
+        ledger._changed.update(ledger.groups)
         return ledger
 
     # -- views ------------------------------------------------------------------------------------
@@ -433,7 +464,7 @@ class Ledger:
     def in_flight(self) -> int:
         """Attempts dispatched and not settled (SEALING included: their rows are still being made). A
         reserved attempt waiting for the gate is not running."""
-        return sum(len(live) for live in self._live.values())
+        return len(self._live[AttemptState.DISPATCHED]) + len(self._live[AttemptState.SEALING])
 
 
 class _LedgerRecord(msgspec.Struct):

@@ -118,7 +118,7 @@ def adopt_snapshot(
             continued.append(EpisodeRef(rollout_id=rollout, attempt=fresh.index, replica=fresh.replica))
             policy = placement.on_policy(rollout)  # where its saved prefix went
             if policy != policy_of(rollout, live.policies):
-                fresh.policy = policy
+                ledger.place_on_policy(rollout, policy)
     counts["restores"] += 1
     counts["rollouts_restored"] += len(continued)
     return Continuation(

@@ -15,7 +15,6 @@ from parkway.actors.runtime.backoff import retrying
 from parkway.actors.runtime.client import Client
 from parkway.brokers.base import BrokerError, RequestTimeout
 from parkway.protocol.ids import Role, actor_address
-from parkway.protocol.ledger import AttemptState
 from parkway.protocol.messages import AttemptRef, Error, Retire
 
 log = structlog.get_logger("parkway.controller")
@@ -69,8 +68,8 @@ class Retirement:
         """Stop attempts given up on that may still run on an agent."""
         pending = tuple(
             (s.rollout_id, a.index, a.replica)
-            for s, a in self._state.ledger.attempts()
-            if a.state is AttemptState.ABANDONED and a.replica is not None
+            for s, a in self._state.ledger.abandoned()
+            if a.replica is not None
         )
         if pending:
             await self.retire(pending)
