@@ -54,7 +54,7 @@ async def test_a_run_reports_what_its_snapshots_wrote(tmp_path: Path) -> None:
 
 
 def test_a_save_rehashes_a_linked_pack_only_when_it_is_not_the_base_s_file(tmp_path: Path) -> None:
-    from parkway.actors.roles.controller.save import check_files
+    from parkway.actors.roles.controller.snapshot_files import check_files
     from parkway.protocol.manifest import ManifestFile
 
     base, tmp = tmp_path / "snapshot_1", tmp_path / "tmp_x"

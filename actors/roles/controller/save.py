@@ -15,7 +15,6 @@ threads so the controller's event loop keeps dispatching (docs/snapshots.md#the-
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -28,11 +27,10 @@ from parkway.actors.roles.controller.fingerprints import expected_topology, fing
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants, Sent
+from parkway.actors.roles.controller.snapshot_files import check_files
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime import tracing
 from parkway.actors.runtime.memory import trim_heap
-from parkway.actors.storage.checks import missing_staging_keys
-from parkway.actors.storage.files import sha256_file
 from parkway.actors.storage.publish import prune, publish, write_ledger_file
 from parkway.actors.storage.runs import RunDirectory
 from parkway.brokers.base import Lane
@@ -62,6 +60,7 @@ from parkway.protocol.messages import (
     StatusReport,
 )
 from parkway.protocol.snapshot import (
+    IN_BAND,
     SAVE_SEQUENCE,
     SaveStep,
     SnapshotFailure,
@@ -77,6 +76,7 @@ log = structlog.get_logger("parkway.snapshots")
 # After the window nothing waits on the snapshot: a request the broker refuses (it is restarting) is
 # sent again for this long before the snapshot fails.
 AFTER_WINDOW_RETRY_S = 30.0
+IN_BAND_LANES = {role: Lane.DATA for role in IN_BAND}  # TQ's commands of the window: behind its data
 
 # What a snapshot would capture, in counters: the boundaries agents passed (turns move without any
 # ledger or TQ change) and the ledger's own movement. Equal to the last published one: nothing to save.
@@ -333,14 +333,19 @@ class SaveSequence:
         await self.host.flush_acks()
 
     async def prepare(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
+        """Every agent's cut, asked at once; TQ (``IN_BAND``: it parks nothing) is sent its Prepare at
+        the same moment, answered after the window (``commit``), with capture's Commit right behind it."""
         cid, deadline = attempt.checkpoint_id, attempt.deadline
         dispatched = self.scopes.of(self.host.ledger)
         for stage in stages:
-            replies = await self.participants.ask(
-                stage,
+            replies, in_band = await self.participants.ask_while_sending(
+                tuple(role for role in stage if role not in IN_BAND),
                 lambda a: Prepare(checkpoint_id=cid, deadline=deadline, episodes=dispatched.get(a, ())),
                 "prepare",
+                in_band=tuple(role for role in stage if role in IN_BAND),
+                send=lambda _a: Prepare(checkpoint_id=cid, deadline=deadline),
             )
+            attempt.in_band.append(in_band)
             for address, reply in replies.items():
                 assert isinstance(reply, Prepared)
                 attempt.parked += reply.parked
@@ -350,14 +355,12 @@ class SaveSequence:
                 if parse_address(address)[0] == Role.AGENT:
                     attempt.cut.extend(reply.episodes)
                     attempt.episodes.update((e.rollout_id, e.attempt) for e in reply.episodes)
-        # Renew the leases once if preparing used more than half of the deadline.
+        # Renew the leases once if preparing used more than half of the deadline (TQ's behind its Prepare).
         if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
-            renewed = time.time() + self.config.prepare_timeout_s
-            attempt.deadline = renewed
+            attempt.deadline = renewed = time.time() + self.config.prepare_timeout_s
+            renew = Renew(checkpoint_id=cid, deadline=renewed)
             for stage in stages:
-                await self.participants.ask(
-                    stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew"
-                )
+                await self.participants.ask(stage, lambda _a: renew, "renew", lanes=IN_BAND_LANES)
 
     async def drain_receipts(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         """A dispatched attempt no agent's cut holds has finished: its receipt is on the wire. Wait for it
@@ -381,11 +384,10 @@ class SaveSequence:
 
     async def capture(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """The ledger and TQ at one cut: the ledger is copied now, with no await before TQ's Commit goes
-        out (receipts drained, the rest held by their agents: a seal still on its way is SEALING in the
-        copy, or SEALED with TQ's row made before its reply, so before this Commit reaches TQ). TQ's
-        Commit goes on its data lane: behind the staging rows the agents' cuts refer to
-        (each sent to TQ before its agent prepared), and ahead of every row or seal that a dispatch
-        after the window brings. Its answer is collected after the window (``commit``)."""
+        out (a seal still on its way is SEALING in the copy, or SEALED with TQ's row made before its
+        reply, so before this Commit reaches TQ). It goes on TQ's data lane: behind its Prepare and the
+        rows the agents' cuts refer to (each sent before its agent prepared), ahead of every row or seal
+        a dispatch after the window brings. Its answer is collected after the window (``commit``)."""
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
         attempt.captured = self.host.export_ledger()
         attempt.captured_dispatched = dispatched = self.host.ledger.dispatched()
@@ -402,23 +404,20 @@ class SaveSequence:
                 "capture", f"saved episodes differ from the ledger: {mismatch}", transient=False
             )
         for stage in stages:
-            attempt.in_band = [
-                await self.participants.send(
-                    stage, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "capture", lane=Lane.DATA
-                ),
+            attempt.in_band.append(
                 await self.participants.send(
                     stage,
                     lambda _a: Commit(checkpoint_id=cid, deadline=deadline, location=location),
                     "capture",
                     lane=Lane.DATA,
-                ),
-            ]
+                )
+            )
 
     async def commit(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """After the window: every other participant takes its cut. An agent's Commit names the attempts
-        it keeps of the cut it took at Prepare; a tool server's names each with the tool calls its
-        boundary holds (it keeps each session as it was there); the tool servers and the policy are
-        prepared right before, on the same lane. TQ's answers, to what the window sent, are collected."""
+        it keeps of the cut it took at Prepare; a tool server's each with the tool calls its boundary
+        holds; the tool servers and the policy are prepared right before, on the same lane. TQ's
+        answers, to what the window sent, are collected."""
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
         cut = tuple(attempt.cut)
         [stage] = stages
@@ -555,24 +554,6 @@ def record_files(attempt: SaveAttempt, address: str, files: tuple[FileDigest, ..
         )
 
 
-def check_files(tmp: Path, files: list[ManifestFile], base: Path | None = None) -> tuple[str, bool] | None:
-    """Every file on disk with its digest, and every staging row an agent saved in TQ's rows: None, or
-    (what is wrong, whether a later snapshot may do better). Reads files: a worker thread's job. A
-    pack linked from ``base`` (the snapshot before, checked when it was saved) that is still the very
-    file there is not hashed again: only its size is checked."""
-    for entry in files:
-        path = tmp / entry.path
-        if entry.linked and base is not None and _same_file(path, base / entry.path, entry.size):
-            continue
-        if not path.is_file() or sha256_file(path) != entry.sha256:
-            return f"{entry.path} is missing or does not match its digest", True
-    # Every turn an agent saved references a staging row that TQ captured.
-    missing = [key for keys in missing_staging_keys(tmp, strict=False).values() for key in keys]
-    if missing:
-        return f"staging rows not in TQ's capture: {', '.join(missing[:20])}", False
-    return None
-
-
 SaveStepImplementation = Callable[[SaveSequence, SaveAttempt, tuple[Stage, ...]], Awaitable[None]]
 
 SAVE_STEPS: dict[SaveStep, SaveStepImplementation] = {
@@ -590,11 +571,3 @@ SAVE_STEPS: dict[SaveStep, SaveStepImplementation] = {
     SaveStep.PUBLISH: SaveSequence.publish,
 }
 check_step_table(SAVE_SEQUENCE, SAVE_STEPS)
-
-
-def _same_file(path: Path, other: Path, size: int) -> bool:
-    """``path`` is ``other`` (one inode: a hard link) and has its listed size."""
-    try:
-        return os.path.samefile(path, other) and path.stat().st_size == size
-    except OSError:
-        return False

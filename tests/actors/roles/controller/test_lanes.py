@@ -1,9 +1,11 @@
 """Which lane the controller's messages take in a whole embedded run with snapshots: every control
-command on the control lane, except TQ's capture (its Prepare and Commit), which goes on TQ's data lane
-so that it is queued behind the rows already sent to TQ (``SaveSequence.capture``)."""
+command on the control lane, except TQ's commands of the window (its Prepare, Commit and a Renew),
+which go on TQ's data lane so that they are queued behind the rows already sent to TQ
+(``SaveSequence.prepare`` and ``capture``)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,50 @@ async def test_a_snapshots_commands_take_the_control_lane_but_the_capture(
     assert {lane for kind, lane in others if kind in COMMANDS} == {Lane.CONTROL}
     assert {lane for kind, lane in others if kind not in COMMANDS} == {Lane.DATA}
     assert {"Run", "Generate", "Rows"} <= {kind for kind, _ in others}
+
+
+async def test_a_renewed_lease_reaches_tq_behind_its_prepare_on_its_data_lane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Preparing took over half of the deadline, so every lease is renewed once. TQ's Prepare went out
+    # on its data lane with the agents' (``IN_BAND``); its Renew must follow it there: on the control
+    # lane it could overtake a Prepare still queued behind rows, and TQ would refuse it.
+    from parkway.actors.roles.agent import Agent
+    from parkway.actors.runtime.participant import Participant
+    from parkway.protocol.messages import Prepare, Renew
+
+    sent: list[tuple[str, str, Lane]] = []
+    real_publish = MemoryBroker.publish
+
+    async def publish(
+        self: MemoryBroker, address: str, envelope: Envelope, *, lane: Lane = Lane.DATA
+    ) -> None:
+        sent.append((address, envelope.headers.get(TYPE_HEADER, ""), lane))
+        await real_publish(self, address, envelope, lane=lane)
+
+    renewed: list[tuple[str, str]] = []  # (address, phase) at each Renew a participant handled
+    on_renew = Participant.on_renew
+
+    async def recorded(self: Participant, command: Renew):
+        renewed.append((self.address, self.phases.phase.value))
+        return await on_renew(self, command)
+
+    slowed: set[str] = set()  # the first snapshot's agents take 0.6 of its 1 s deadline to prepare
+    wait = Agent.wait_until_parked
+
+    async def slow_first(self: Agent, command: Prepare):
+        if not slowed or command.checkpoint_id in slowed:
+            slowed.add(command.checkpoint_id)
+            await asyncio.sleep(0.6)
+        return await wait(self, command)
+
+    monkeypatch.setattr(MemoryBroker, "publish", publish)
+    monkeypatch.setattr(Participant, "on_renew", recorded)
+    monkeypatch.setattr(Agent, "parked_now", lambda self, command: None)
+    monkeypatch.setattr(Agent, "wait_until_parked", slow_first)
+    with pytest.raises(SimulatedCrash):  # stopped right after its first published snapshot
+        await embedded_run({**SNAPSHOT_RUN, "prepare_timeout_s": 1.0}, tmp_path, stop_after=1)
+
+    assert sorted(renewed) == [("agent/0", "prepared"), ("agent/1", "prepared"), ("tq/0", "prepared")]
+    renews = {(address, lane) for address, kind, lane in sent if kind == "Renew"}
+    assert renews == {("agent/0", Lane.CONTROL), ("agent/1", Lane.CONTROL), ("tq/0", Lane.DATA)}
