@@ -45,7 +45,6 @@ from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.messages import Status, StatusReport
 
 URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-TRACE_FILE_ENV = "PARKWAY_TRACE_FILE"  # the file exporter's file (docs/tracing.md)
 SECRET = b"bench"
 
 
@@ -220,12 +219,8 @@ def spawn_actors(
     state.mkdir(parents=True, exist_ok=True)
     config_path = state / "run.yaml"
     config_path.write_text(yaml.safe_dump(data))
-    # The actors start without this process's PARKWAY_* settings, but keep OTEL_*: a file exporter
-    # (OTEL_TRACES_EXPORTER=file) needs its file passed on, or every actor refuses to start.
-    traced = {TRACE_FILE_ENV: os.environ[TRACE_FILE_ENV]} if TRACE_FILE_ENV in os.environ else {}
-    env = launch.run_environment(
-        run=config.run, secret=SECRET.decode(), state=state, broker_url=URL, **traced
-    )
+    # (Without this process's PARKWAY_* settings but the file exporter's file: launch.run_environment.)
+    env = launch.run_environment(run=config.run, secret=SECRET.decode(), state=state, broker_url=URL)
     recording = {**env, HISTORY_ENV: "1"}
     return [
         launch.start_actor(

@@ -28,6 +28,7 @@ from typing import IO, Any
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.settings import DEFAULT_RUN, PUBLIC_KEYS_ENV, SECRET_ENV, SIGNING_KEY_ENV
+from parkway.actors.runtime.tracing_sdk import TRACE_FILE_ENV
 from parkway.brokers.base import BrokerError
 from parkway.protocol.ids import Role
 from parkway.protocol.messages import Status, StatusReport
@@ -73,9 +74,13 @@ def run_environment(
     *, run: str, secret: str, state: Path, broker_url: str | None = None, **extra: str
 ) -> dict[str, str]:
     """The environment of one run's processes: this process's, without ``PARKWAY_*``
-    (``clean_environment``), plus ``run_variables``."""
+    (``clean_environment``) but with the file exporter's ``PARKWAY_TRACE_FILE`` (the ``OTEL_*``
+    settings are kept, and a process told ``OTEL_TRACES_EXPORTER=file`` refuses to start without its
+    file), plus ``run_variables``."""
+    traced = {TRACE_FILE_ENV: os.environ[TRACE_FILE_ENV]} if TRACE_FILE_ENV in os.environ else {}
     return {
         **clean_environment(),
+        **traced,
         **run_variables(run=run, secret=secret, state=state, broker_url=broker_url, **extra),
     }
 

@@ -46,6 +46,24 @@ def test_the_run_environment_is_the_clean_one_plus_the_runs_settings(
     assert "PARKWAY_BROKER_URL" not in without_broker
 
 
+def test_the_run_environment_keeps_the_trace_file_of_the_otel_settings_it_passes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # OTEL_* is not PARKWAY_*, so a file exporter chosen in this shell reaches every process; its file
+    # must reach them too, or each refuses to start ("needs PARKWAY_TRACE_FILE").
+    from parkway.actors.runtime.tracing_sdk import from_env
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "file")
+    monkeypatch.setenv("PARKWAY_TRACE_FILE", str(tmp_path / "spans.jsonl"))
+    env = processes.run_environment(run="r1", secret="s3", state=tmp_path)
+    assert env["OTEL_TRACES_EXPORTER"] == "file"
+    assert env["PARKWAY_TRACE_FILE"] == str(tmp_path / "spans.jsonl")
+    setup = from_env("agent/0", env)  # what an actor started with it sets up: no SettingsError
+    assert setup is not None and setup.exporters == ("file",)
+    monkeypatch.delenv("PARKWAY_TRACE_FILE")
+    assert "PARKWAY_TRACE_FILE" not in processes.run_environment(run="r1", secret="s3", state=tmp_path)
+
+
 def test_each_process_gets_its_own_role_key_and_the_table_never_the_secret(tmp_path: Path) -> None:
     env = processes.run_environment(run="r1", secret="s3", state=tmp_path)
     agent = processes.own_keys(env, ["agent"])
