@@ -21,9 +21,9 @@ class SaveStep(StrEnum):
     CLOSE_GATE = "close_gate"  # stop dispatching Run; rows waiting behind the gate are not running
     RETIRE = "retire"  # attempts given up on are stopped on their agents
     ACK_DRAIN = "ack_drain"  # every pending ACK goes out, as one batch per agent
-    PREPARE = "prepare"  # every agent at once cuts its rollouts at their boundaries; TQ's Prepare goes out
+    PREPARE = "prepare"  # every agent at once cuts its rollouts at their boundaries
     DRAIN_RECEIPTS = "drain_receipts"  # receipts already on the wire seal before the cut
-    CAPTURE = "capture"  # the ledger copied, and TQ's Commit sent behind its data: one cut
+    CAPTURE = "capture"  # the ledger copied, and TQ's Prepare and Commit sent behind its data: one cut
     OPEN_GATE = "open_gate"
     # After the window, with the rollouts running: nothing here holds them but the rollouts of an
     # environment without round copies, and a failure here aborts this snapshot (the one before stays
@@ -77,9 +77,6 @@ class Step(Generic[StepName]):
 
 
 EVERY_PARTICIPANT = stages("agent+policy+resources+tq")
-# The roles whose commands of the window go on their data lane, behind the data already sent there, and
-# are answered after it: TQ, which parks nothing, and whose cut must hold the rows the agents' cuts name.
-IN_BAND: frozenset[Role] = frozenset({Role.TQ})
 
 SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
     Step(SaveStep.CLOSE_GATE),
@@ -88,9 +85,8 @@ SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
     # Only the agents hold what the window must wait for: their rollouts' boundaries. The other roles
     # hold nothing a rollout waits on, so they are prepared and committed after it, each in one go
     # (they park at once: a Commit right behind the Prepare finds it prepared). TQ's come in the window,
-    # on its data lane (``IN_BAND``): its Prepare sent with the agents', not waited for, and its Commit
-    # at capture, behind the rows the agents' cuts refer to and at the ledger's instant.
-    Step(SaveStep.PREPARE, stages("agent+tq")),
+    # on its data lane: behind the rows the agents' cuts refer to, and at the ledger's instant.
+    Step(SaveStep.PREPARE, stages("agent")),
     Step(SaveStep.DRAIN_RECEIPTS),
     Step(SaveStep.CAPTURE, stages("tq")),
     Step(SaveStep.OPEN_GATE),

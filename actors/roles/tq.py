@@ -312,7 +312,7 @@ class TransferQueue(Participant):
         return reply
 
     def parked_now(self, command: Prepare) -> ParkReport:
-        # Nothing to park: its Prepare goes out with the agents' and its Commit at capture, on its data lane.
+        # Nothing to park: its Prepare and Commit go out back to back, on its data lane.
         return ParkReport()
 
     def forget_attempts(self, keys: list[tuple[str, int]]) -> None:

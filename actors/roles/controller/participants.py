@@ -7,7 +7,6 @@ step as a ``SnapshotFailure`` that says whether a later attempt may succeed.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -159,27 +158,6 @@ class Participants:
             if isinstance(call, Exception):
                 raise call
         return Sent(step, addresses, messages, [c for c in calls if isinstance(c, SentCall)])
-
-    async def ask_while_sending(
-        self,
-        stage: Stage,
-        make: Callable[[str], Message],
-        step: str,
-        *,
-        in_band: Stage,
-        send: Callable[[str], Message],
-    ) -> tuple[dict[str, Message], Sent]:
-        """``ask`` the members of ``stage``, and at the same moment ``send`` the members of ``in_band``
-        their command on their data lane: its confirm comes while the others answer (``collect`` its
-        replies later). Every reply, or a SnapshotFailure, as ``ask``."""
-        sending = asyncio.ensure_future(self.send(in_band, send, step, lane=Lane.DATA))
-        try:
-            replies = await self.ask(stage, make, step)
-        finally:  # (the send is waited for either way: nothing is left running)
-            [sent] = await asyncio.gather(sending, return_exceptions=True)
-        if isinstance(sent, BaseException):
-            raise sent
-        return replies, sent
 
     async def collect(self, sent: Sent) -> dict[str, Message]:
         """The replies to what ``send`` sent: every one, or a SnapshotFailure as ``ask`` raises it."""

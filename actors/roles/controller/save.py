@@ -60,7 +60,6 @@ from parkway.protocol.messages import (
     StatusReport,
 )
 from parkway.protocol.snapshot import (
-    IN_BAND,
     SAVE_SEQUENCE,
     SaveStep,
     SnapshotFailure,
@@ -76,7 +75,6 @@ log = structlog.get_logger("parkway.snapshots")
 # After the window nothing waits on the snapshot: a request the broker refuses (it is restarting) is
 # sent again for this long before the snapshot fails.
 AFTER_WINDOW_RETRY_S = 30.0
-IN_BAND_LANES = {role: Lane.DATA for role in IN_BAND}  # TQ's commands of the window: behind its data
 
 # What a snapshot would capture, in counters: the boundaries agents passed (turns move without any
 # ledger or TQ change) and the ledger's own movement. Equal to the last published one: nothing to save.
@@ -333,19 +331,14 @@ class SaveSequence:
         await self.host.flush_acks()
 
     async def prepare(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
-        """Every agent's cut, asked at once; TQ (``IN_BAND``: it parks nothing) is sent its Prepare at
-        the same moment, answered after the window (``commit``), with capture's Commit right behind it."""
         cid, deadline = attempt.checkpoint_id, attempt.deadline
         dispatched = self.scopes.of(self.host.ledger)
         for stage in stages:
-            replies, in_band = await self.participants.ask_while_sending(
-                tuple(role for role in stage if role not in IN_BAND),
+            replies = await self.participants.ask(
+                stage,
                 lambda a: Prepare(checkpoint_id=cid, deadline=deadline, episodes=dispatched.get(a, ())),
                 "prepare",
-                in_band=tuple(role for role in stage if role in IN_BAND),
-                send=lambda _a: Prepare(checkpoint_id=cid, deadline=deadline),
             )
-            attempt.in_band.append(in_band)
             for address, reply in replies.items():
                 assert isinstance(reply, Prepared)
                 attempt.parked += reply.parked
@@ -355,12 +348,14 @@ class SaveSequence:
                 if parse_address(address)[0] == Role.AGENT:
                     attempt.cut.extend(reply.episodes)
                     attempt.episodes.update((e.rollout_id, e.attempt) for e in reply.episodes)
-        # Renew the leases once if preparing used more than half of the deadline (TQ's behind its Prepare).
+        # Renew the leases once if preparing used more than half of the deadline.
         if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
-            attempt.deadline = renewed = time.time() + self.config.prepare_timeout_s
-            renew = Renew(checkpoint_id=cid, deadline=renewed)
+            renewed = time.time() + self.config.prepare_timeout_s
+            attempt.deadline = renewed
             for stage in stages:
-                await self.participants.ask(stage, lambda _a: renew, "renew", lanes=IN_BAND_LANES)
+                await self.participants.ask(
+                    stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew"
+                )
 
     async def drain_receipts(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         """A dispatched attempt no agent's cut holds has finished: its receipt is on the wire. Wait for it
@@ -384,10 +379,11 @@ class SaveSequence:
 
     async def capture(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """The ledger and TQ at one cut: the ledger is copied now, with no await before TQ's Commit goes
-        out (a seal still on its way is SEALING in the copy, or SEALED with TQ's row made before its
-        reply, so before this Commit reaches TQ). It goes on TQ's data lane: behind its Prepare and the
-        rows the agents' cuts refer to (each sent before its agent prepared), ahead of every row or seal
-        a dispatch after the window brings. Its answer is collected after the window (``commit``)."""
+        out (receipts drained, the rest held by their agents: a seal still on its way is SEALING in the
+        copy, or SEALED with TQ's row made before its reply, so before this Commit reaches TQ). TQ's
+        Commit goes on its data lane: behind the staging rows the agents' cuts refer to
+        (each sent to TQ before its agent prepared), and ahead of every row or seal that a dispatch
+        after the window brings. Its answer is collected after the window (``commit``)."""
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
         attempt.captured = self.host.export_ledger()
         attempt.captured_dispatched = dispatched = self.host.ledger.dispatched()
@@ -404,20 +400,23 @@ class SaveSequence:
                 "capture", f"saved episodes differ from the ledger: {mismatch}", transient=False
             )
         for stage in stages:
-            attempt.in_band.append(
+            attempt.in_band = [
+                await self.participants.send(
+                    stage, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "capture", lane=Lane.DATA
+                ),
                 await self.participants.send(
                     stage,
                     lambda _a: Commit(checkpoint_id=cid, deadline=deadline, location=location),
                     "capture",
                     lane=Lane.DATA,
-                )
-            )
+                ),
+            ]
 
     async def commit(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """After the window: every other participant takes its cut. An agent's Commit names the attempts
-        it keeps of the cut it took at Prepare; a tool server's each with the tool calls its boundary
-        holds; the tool servers and the policy are prepared right before, on the same lane. TQ's
-        answers, to what the window sent, are collected."""
+        it keeps of the cut it took at Prepare; a tool server's names each with the tool calls its
+        boundary holds (it keeps each session as it was there); the tool servers and the policy are
+        prepared right before, on the same lane. TQ's answers, to what the window sent, are collected."""
         cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
         cut = tuple(attempt.cut)
         [stage] = stages

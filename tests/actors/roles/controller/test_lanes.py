@@ -1,7 +1,6 @@
 """Which lane the controller's messages take in a whole embedded run with snapshots: every control
-command on the control lane, except TQ's commands of the window (its Prepare, Commit and a Renew),
-which go on TQ's data lane so that they are queued behind the rows already sent to TQ
-(``SaveSequence.prepare`` and ``capture``)."""
+command on the control lane, except TQ's capture (its Prepare and Commit), which goes on TQ's data lane
+so that it is queued behind the rows already sent to TQ (``SaveSequence.capture``)."""
 
 from __future__ import annotations
 
@@ -47,12 +46,12 @@ async def test_a_snapshots_commands_take_the_control_lane_but_the_capture(
     assert {"Run", "Generate", "Rows"} <= {kind for kind, _ in others}
 
 
-async def test_a_renewed_lease_reaches_tq_behind_its_prepare_on_its_data_lane(
+async def test_a_slow_prepare_renews_the_agents_leases_on_their_control_lane(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Preparing took over half of the deadline, so every lease is renewed once. TQ's Prepare went out
-    # on its data lane with the agents' (``IN_BAND``); its Renew must follow it there: on the control
-    # lane it could overtake a Prepare still queued behind rows, and TQ would refuse it.
+    # The agents took over half of the deadline to prepare, so their leases are renewed once, each on
+    # its control lane, and the snapshot publishes. TQ, prepared only at capture, gets the renewed
+    # deadline with its Prepare and needs no Renew.
     from parkway.actors.roles.agent import Agent
     from parkway.actors.runtime.participant import Participant
     from parkway.protocol.messages import Prepare, Renew
@@ -89,6 +88,6 @@ async def test_a_renewed_lease_reaches_tq_behind_its_prepare_on_its_data_lane(
     with pytest.raises(SimulatedCrash):  # stopped right after its first published snapshot
         await embedded_run({**SNAPSHOT_RUN, "prepare_timeout_s": 1.0}, tmp_path, stop_after=1)
 
-    assert sorted(renewed) == [("agent/0", "prepared"), ("agent/1", "prepared"), ("tq/0", "prepared")]
+    assert sorted(renewed) == [("agent/0", "prepared"), ("agent/1", "prepared")]
     renews = {(address, lane) for address, kind, lane in sent if kind == "Renew"}
-    assert renews == {("agent/0", Lane.CONTROL), ("agent/1", Lane.CONTROL), ("tq/0", Lane.DATA)}
+    assert renews == {("agent/0", Lane.CONTROL), ("agent/1", Lane.CONTROL)}
