@@ -19,9 +19,8 @@ from tests.support.embedded import SNAPSHOT_RUN, embedded_run
 COMMANDS = {cls.__name__ for cls in CONTROL_COMMANDS}
 
 
-async def test_a_snapshots_commands_take_the_control_lane_but_the_capture(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def record_publishes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, Lane]]:
+    """Every message the run publishes, as (address, type, lane), in the order it was published."""
     sent: list[tuple[str, str, Lane]] = []
     real_publish = MemoryBroker.publish
 
@@ -32,6 +31,13 @@ async def test_a_snapshots_commands_take_the_control_lane_but_the_capture(
         await real_publish(self, address, envelope, lane=lane)
 
     monkeypatch.setattr(MemoryBroker, "publish", publish)
+    return sent
+
+
+async def test_a_snapshots_commands_take_the_control_lane_but_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = record_publishes(monkeypatch)
     with pytest.raises(SimulatedCrash):  # stopped right after its first published snapshot
         await embedded_run(SNAPSHOT_RUN, tmp_path, stop_after=1)
 
@@ -56,15 +62,7 @@ async def test_a_slow_prepare_renews_the_agents_leases_on_their_control_lane(
     from parkway.actors.runtime.participant import Participant
     from parkway.protocol.messages import Prepare, Renew
 
-    sent: list[tuple[str, str, Lane]] = []
-    real_publish = MemoryBroker.publish
-
-    async def publish(
-        self: MemoryBroker, address: str, envelope: Envelope, *, lane: Lane = Lane.DATA
-    ) -> None:
-        sent.append((address, envelope.headers.get(TYPE_HEADER, ""), lane))
-        await real_publish(self, address, envelope, lane=lane)
-
+    sent = record_publishes(monkeypatch)
     renewed: list[tuple[str, str]] = []  # (address, phase) at each Renew a participant handled
     on_renew = Participant.on_renew
 
@@ -81,7 +79,6 @@ async def test_a_slow_prepare_renews_the_agents_leases_on_their_control_lane(
             await asyncio.sleep(0.6)
         return await wait(self, command)
 
-    monkeypatch.setattr(MemoryBroker, "publish", publish)
     monkeypatch.setattr(Participant, "on_renew", recorded)
     monkeypatch.setattr(Agent, "parked_now", lambda self, command: None)
     monkeypatch.setattr(Agent, "wait_until_parked", slow_first)
