@@ -408,6 +408,12 @@ class Ledger:
                 self._new_attempt(sibling).replica = replica
         # Not a failure: ``redos`` counts the group's failures against ``max_attempts``.
 
+    def place_on_policy(self, rollout: str, policy: int) -> None:
+        """After a restore onto another number of policy replicas: the replica the current attempt's
+        calls go to (the one that took over its saved prefix)."""
+        self.sibling(rollout).current.policy = policy
+        self._changed.add(self.group_of(rollout).group_id)
+
     def dispatched(self) -> set[tuple[str, int]]:
         """Attempts running on their agents (not SEALING: those finished there)."""
         return set(self._live[AttemptState.DISPATCHED])
@@ -428,12 +434,6 @@ class Ledger:
         return list(self._live[AttemptState.ABANDONED].values())
 
     # -- persistence ---------------------------------------------------------------------------------
-    def place_on_policy(self, rollout: str, policy: int) -> None:
-        """After a restore onto another number of policy replicas: the replica the current attempt's
-        calls go to (the one that took over its saved prefix)."""
-        self.sibling(rollout).current.policy = policy
-        self._changed.add(self.group_of(rollout).group_id)
-
     def export(self) -> bytes:
         """The whole ledger, encoded. A group unchanged since the last export is not encoded again: its
         bytes are reused (the result is the same bytes as encoding every group)."""
