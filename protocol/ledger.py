@@ -204,7 +204,7 @@ class Ledger:
         index = len(sibling.attempts)
         attempt = Attempt(index, capture_key(sibling.rollout_id, index))
         sibling.attempts.append(attempt)
-        self._changed.add(self._siblings[sibling.rollout_id][0].group_id)
+        self._touch(sibling.rollout_id)
         return attempt
 
     def sibling(self, rollout: str) -> Sibling:
@@ -364,7 +364,11 @@ class Ledger:
         if before in self._live:
             del self._live[before][(sibling.rollout_id, attempt.index)]
         self._track(sibling, attempt)
-        self._changed.add(self._siblings[sibling.rollout_id][0].group_id)
+        self._touch(sibling.rollout_id)
+
+    def _touch(self, rollout: str) -> None:
+        """The rollout's group changed: the next export encodes it again."""
+        self._changed.add(self._siblings[rollout][0].group_id)
 
     def _track(self, sibling: Sibling, attempt: Attempt) -> None:
         """Index the attempt under its state, when that state is one the ledger keeps an index of."""
@@ -412,7 +416,7 @@ class Ledger:
         """After a restore onto another number of policy replicas: the replica the current attempt's
         calls go to (the one that took over its saved prefix)."""
         self.sibling(rollout).current.policy = policy
-        self._changed.add(self.group_of(rollout).group_id)
+        self._touch(rollout)
 
     def dispatched(self) -> set[tuple[str, int]]:
         """Attempts running on their agents (not SEALING: those finished there)."""
