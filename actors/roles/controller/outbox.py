@@ -33,6 +33,9 @@ class AckOutbox:
         self._unknown: dict[int, list[AttemptRef]] = defaultdict(list)  # never dispatched: by sender
         # Told the receipts each Ack covered once it went out (``forget.Forgetting.acked``).
         self.on_acked: Callable[[Iterable[tuple[str, int]]], None] | None = None
+        # One flush at a time: the run's last flush must not return while the timer's is still sending
+        # (its receipts would reach ``on_acked`` after the run's last Forget, and never be forgotten).
+        self._flushing = asyncio.Lock()
 
     def forget(self, keys: Iterable[tuple[str, int]]) -> None:
         """Attempts of rollouts that ended: a late receipt of one is acknowledged to the replica it
@@ -67,22 +70,24 @@ class AckOutbox:
             self._unknown[sender].append(ref)
 
     async def flush(self) -> None:
-        """One Ack per agent replica for every receipt pending: batched, and a repeat is harmless."""
-        pending, self._pending = self._pending, defaultdict(list)
-        for replica, refs in pending.items():
-            await self._client.send(  # a repeated Ack is harmless
-                actor_address(Role.AGENT, replica),
-                Ack(receipts=tuple(refs)),
-                correlation_id=f"ack-{time.monotonic_ns()}",
-                retry_for_s=cluster_wait_s(),
-            )
-            self._counts["acks_sent"] += len(refs)
-            self._counts["ack_batches"] += 1
-            keys = tuple((a.rollout_id, a.attempt) for a in refs)
-            self._history.record(AcksSent(replica=replica, refs=keys))
-            if self.on_acked is not None:
-                self.on_acked(keys)
-        await self._flush_unknown()
+        """One Ack per agent replica for every receipt pending: batched, and a repeat is harmless.
+        Returns once every Ack taken by a flush before it, or by this one, went out."""
+        async with self._flushing:
+            pending, self._pending = self._pending, defaultdict(list)
+            for replica, refs in pending.items():
+                await self._client.send(  # a repeated Ack is harmless
+                    actor_address(Role.AGENT, replica),
+                    Ack(receipts=tuple(refs)),
+                    correlation_id=f"ack-{time.monotonic_ns()}",
+                    retry_for_s=cluster_wait_s(),
+                )
+                self._counts["acks_sent"] += len(refs)
+                self._counts["ack_batches"] += 1
+                keys = tuple((a.rollout_id, a.attempt) for a in refs)
+                self._history.record(AcksSent(replica=replica, refs=keys))
+                if self.on_acked is not None:
+                    self.on_acked(keys)
+            await self._flush_unknown()
 
     async def _flush_unknown(self) -> None:
         """Acks of attempts never dispatched, to the replica each receipt named: best effort, one replica

@@ -14,8 +14,10 @@ import pytest
 from parkway.actors.launch.workload import run_workload
 from parkway.actors.roles.controller import Controller, forget
 from parkway.actors.roles.controller.forget import FORGET_BATCH, Forgetting
+from parkway.actors.roles.controller.outbox import AckOutbox
 from parkway.actors.run.config import from_dict
 from parkway.actors.run.tasks import load_tasks
+from parkway.actors.runtime.history import History
 from parkway.brokers.base import RequestTimeout
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.errors import ErrorCode
@@ -168,6 +170,43 @@ async def test_a_participant_that_refuses_is_not_sent_the_refs_again() -> None:
     await f.flush()
     assert client.tried["policy/0"] == 1 and counts["forget_refused"] == 1
     assert f.sizes()["forget_backlog"] == 0
+
+
+class HeldAckClient:
+    """Sends Acks, each held until ``release`` is set: a flush caught in the middle of its send."""
+
+    def __init__(self) -> None:
+        self.sending, self.release = asyncio.Event(), asyncio.Event()
+        self.sent: list[Message] = []
+
+    async def send(self, address: str, message: Message, **_: Any) -> None:
+        self.sending.set()
+        await self.release.wait()
+        self.sent.append(message)
+
+
+async def test_the_runs_last_ack_flush_waits_for_the_timers_flush_in_flight() -> None:
+    # The run's end flushes the outbox, then sends its last Forget. If the timer's flush had already
+    # taken the last receipts and was still sending their Ack, the run's flush found nothing and
+    # returned: those receipts reached Forgetting after the last Forget, and were never forgotten.
+    client = HeldAckClient()
+    outbox = AckOutbox(client, Counter(), History(None, "controller"))  # type: ignore[arg-type]
+    f, counts = forgetting(FakeClient())
+    outbox.on_acked = f.acked
+    key = ("r0_g0", 2)
+    outbox.route(key, 1)
+    f.ended(refs(3), ack_of=key)
+    outbox.acknowledge(key)
+    timers = asyncio.get_running_loop().create_task(outbox.flush())
+    await client.sending.wait()  # the timer's flush holds the Ack, not yet sent
+    runs_end = asyncio.get_running_loop().create_task(outbox.flush())
+    await asyncio.sleep(0)
+    assert not runs_end.done()  # it waits for the flush in flight
+    client.release.set()
+    await runs_end
+    assert timers.done() and len(client.sent) == 1
+    await f.flush()  # the run's last Forget carries the rollout
+    assert counts["forget_sent"] == 3 * len(PARTICIPANTS)
 
 
 RUN: dict[str, Any] = {
