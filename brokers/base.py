@@ -390,6 +390,11 @@ class SentRequest:
     _future: asyncio.Future[Envelope]
     deadline: float
 
+    @property
+    def answered(self) -> bool:
+        """The reply is here already (the caller looks after it arrived)."""
+        return self._future.done()
+
     async def reply(self) -> Envelope:
         return await self._pending.wait(self.request_id, self._future, deadline=self.deadline)
 

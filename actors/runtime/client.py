@@ -50,9 +50,20 @@ class SentCall:
     client: Client
     address: str
     sent: SentRequest
+    command: bool = False  # a control command: its reply is traced at the requester
 
     async def reply(self) -> Message:
-        return self.client.open_reply(await self.sent.reply(), requested=self.address)
+        # A reply that arrived before it was asked for (sent in a step, collected in a later one) has
+        # no way back to draw: the time it waited is the requester's, not the reply's.
+        waited = not self.sent.answered
+        envelope = await self.sent.reply()
+        began = time.perf_counter()
+        reply = self.client.open_reply(envelope, requested=self.address)
+        if self.command and waited:  # a command's way back is on a snapshot's critical path
+            tracing.reply_opened(
+                self.client.sender, self.address, envelope.headers, reply, time.perf_counter() - began
+            )
+        return reply
 
 
 def lane_of(message: Message, lane: Lane | None = None) -> Lane:
@@ -344,7 +355,7 @@ class Client:
             deadline=deadline if deadline is not None else time.time() + timeout,
             lane=lane_of(message, lane),
         )
-        return SentCall(self, address, sent)
+        return SentCall(self, address, sent, command=isinstance(message, ControlCommand))
 
     async def call(
         self,

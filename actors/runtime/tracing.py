@@ -283,6 +283,37 @@ def _handling(
         yield
 
 
+def reply_opened(
+    requester: str, replier: str, headers: Mapping[str, str], reply: object, opened_s: float
+) -> None:
+    """At the requester, once a command's reply is opened: a ``reply X from A`` span, a child of the
+    span the request was made in, from the reply's publish (by the replier) to now. It is the way back:
+    the replier signing and publishing, the broker, the requester's loop reaching the reply, and
+    ``opened_s`` of checking and decoding it. (Between the handling span's end and this span's start is
+    what the replier did after its handler: its reply cache, counters, signing.)"""
+    tracer = _state.tracer
+    if tracer is None:
+        return
+    now = time.time()
+    published = parse_published_at(headers.get(PUBLISHED_AT_HEADER), now=now)
+    if published is None:
+        return
+    kind = type(reply).__name__
+    span = tracer.start_span(
+        f"reply {kind} from {replier}",
+        kind=SpanKind.CLIENT,
+        attributes={
+            "parkway.actor": requester,
+            "parkway.message_type": kind,
+            "parkway.replier": replier,
+            "parkway.phase": "reply",
+            "parkway.opened_ms": round(opened_s * 1000, 3),
+        },
+        start_time=int(min(published, now) * 1e9),  # another host's clock may run ahead of ours
+    )
+    span.end(end_time=int(now * 1e9))
+
+
 def mark_error(code: str, detail: str) -> None:
     """The handler answered with a typed error: its span says so."""
     if _state.tracer is None:

@@ -49,6 +49,7 @@ class Row:
     queued_s: float
     handled_s: float
     critical: bool
+    phase: str = ""  # the span's ``parkway.phase``: handled, reply (a command's way back), or none
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ def _rows(span: Span, depth: int, start: float, out: list[Row]) -> None:
             queued_s=span.queued_s,
             handled_s=span.duration,
             critical=span.critical,
+            phase=str(span.attrs.get("parkway.phase", "")),
         )
     )
     for child in sorted(span.children, key=lambda s: (s.start - s.queued_s, s.actor)):
@@ -201,6 +203,12 @@ def render(waterfall: Waterfall, *, critical_only: bool = False) -> str:
             "critical path: " + " > ".join(f"{r.name} {r.handled_s * ms:.1f}" for r in steps) + " (ms)"
         )
     for row in worst:
+        if row.phase == "reply":
+            lines.append(
+                f"  on its way back: {row.name}: {row.handled_s * ms:.1f} ms from its publish to "
+                f"{row.actor} opening it"
+            )
+            continue
         lines.append(
             f"  slowest in its step: {row.name} at {row.actor}: queued {row.queued_s * ms:.1f} ms, "
             f"handled {row.handled_s * ms:.1f} ms"

@@ -154,6 +154,18 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
     }
     for actor in ("agent/0", "agent/1", "policy/0", "resources/0", "resources/1", "tq/0"):
         assert {("Prepare", actor), ("Commit", actor), ("Resume", actor)} <= handled
+    # The way back: each agent's Prepared, a span at the controller under the prepare step, from the
+    # agent's publish (after its handling span ended) to the controller opening it.
+    [prepare_step] = [s for s in mine if s.name == "prepare" and s.parent.span_id == root.context.span_id]
+    for agent in ("agent/0", "agent/1"):
+        [back] = [s for s in mine if s.name == f"reply Prepared from {agent}"]
+        [handling] = [s for s in mine if s.name == "Prepare" and s.attributes["parkway.actor"] == agent]
+        assert back.parent.span_id == prepare_step.context.span_id
+        assert (
+            back.attributes["parkway.actor"] == "controller/0" and back.attributes["parkway.phase"] == "reply"
+        )
+        assert handling.end_time <= back.start_time <= back.end_time <= prepare_step.end_time
+    assert not [s for s in finished if s.name.startswith("reply Generate")]  # data calls: the rollout's spans
 
     # Rollouts: a trace each, with turns, model and tool calls, and the snapshots that parked them.
     rollouts = [s for s in finished if s.name.startswith("rollout ")]
@@ -191,6 +203,7 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
     assert all(r.critical for r in built.rows if r.depth <= 1)  # the steps run one after another
     text = waterfall.render(built)
     assert "critical path: close_gate" in text and "policy/0" in text
+    assert "reply Prepared from agent/0" in text
     assert waterfall.build(records, "ck-never") is None
     page = waterfall.render_html(built)
     assert f"checkpoint {cid}" in page and page.count("<tr>") == len(built.rows) + 1
@@ -225,3 +238,65 @@ def test_the_core_imports_and_runs_without_the_sdk() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "refused: OTEL_TRACES_EXPORTER='otlp' needs the OpenTelemetry SDK" in result.stdout
     assert "parkway[tracing]" in result.stdout
+
+
+def test_the_waterfall_names_a_replys_way_back_on_the_critical_path() -> None:
+    cid = "ck-20261206T101505.916-0f92af"
+    trace_id = trace_id_hex(checkpoint_trace_id(cid))
+
+    def record(span_id: str, parent: str | None, name: str, actor: str, start: float, end: float, **attrs):
+        return {
+            "event": "span",
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "parent_span_id": parent,
+            "name": name,
+            "actor": actor,
+            "start": start,
+            "end": end,
+            "attrs": attrs,
+        }
+
+    t = 1_796_552_105.0
+    records = [
+        record("r", None, f"snapshot {cid}", "controller/0", t, t + 0.020),
+        record("p", "r", "prepare", "controller/0", t, t + 0.012),
+        record(
+            "q",
+            "p",
+            "queued Prepare",
+            "agent/0",
+            t + 0.001,
+            t + 0.004,
+            **{"parkway.phase": "queued", "parkway.actor": "agent/0", "parkway.message_type": "Prepare"},
+        ),
+        record(
+            "h",
+            "p",
+            "Prepare",
+            "agent/0",
+            t + 0.004,
+            t + 0.005,
+            **{"parkway.phase": "handled", "parkway.actor": "agent/0", "parkway.message_type": "Prepare"},
+        ),
+        record(
+            "b",
+            "p",
+            "reply Prepared from agent/0",
+            "controller/0",
+            t + 0.0052,
+            t + 0.0115,
+            **{"parkway.phase": "reply", "parkway.actor": "controller/0"},
+        ),
+        record("c", "r", "capture", "controller/0", t + 0.012, t + 0.020),
+    ]
+    built = waterfall.build(records, cid)
+    assert built is not None
+    critical = [(r.name, r.phase) for r in built.critical_path if r.depth == 2]
+    assert critical == [("Prepare", "handled"), ("reply Prepared from agent/0", "reply")]
+    text = waterfall.render(built)
+    assert "slowest in its step: Prepare at agent/0: queued 3.0 ms, handled 1.0 ms" in text
+    assert (
+        "on its way back: reply Prepared from agent/0: 6.3 ms from its publish to controller/0 opening it"
+        in text
+    )
