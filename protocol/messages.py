@@ -112,8 +112,9 @@ class Status(ControlCommand, frozen=True, kw_only=True):
 class Prepare(ControlCommand, frozen=True, kw_only=True):
     """Close admission and hold; answer when the cut can be taken, or when the deadline passes.
 
-    ``episodes``, to an agent: the attempts the controller dispatched to it. Their ``Run`` travels on the
-    data lane and may still be queued behind this command, so the agent waits until each has arrived."""
+    ``episodes``, to an agent: the attempts the controller dispatched to it that its last ``Prepared``
+    did not hold. Their ``Run`` travels on the data lane and may still be queued behind this command,
+    so the agent waits until each has arrived."""
 
     episodes: tuple[EpisodeRef, ...] = ()
 

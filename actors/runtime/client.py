@@ -53,13 +53,15 @@ class SentCall:
     command: bool = False  # a control command: its reply is traced at the requester
 
     async def reply(self) -> Message:
+        if not self.command:  # a data request's round trip is already its rollout's span
+            return self.client.open_reply(await self.sent.reply(), requested=self.address)
         # A reply that arrived before it was asked for (sent in a step, collected in a later one) has
         # no way back to draw: the time it waited is the requester's, not the reply's.
         waited = not self.sent.answered
         envelope = await self.sent.reply()
         began = time.perf_counter()
         reply = self.client.open_reply(envelope, requested=self.address)
-        if self.command and waited:  # a command's way back is on a snapshot's critical path
+        if waited:  # a command's way back is on a snapshot's critical path
             tracing.reply_opened(
                 self.client.sender, self.address, envelope.headers, reply, time.perf_counter() - began
             )

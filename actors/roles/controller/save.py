@@ -346,8 +346,10 @@ class SaveSequence:
                 attempt.park_wait_s = max(attempt.park_wait_s, reply.waited_s)
                 attempt.restarts.update((r.rollout_id, r.attempt) for r in reply.restarts)
                 if parse_address(address)[0] == Role.AGENT:
+                    held = frozenset((e.rollout_id, e.attempt) for e in reply.episodes)
+                    self.scopes.held(address, held)
                     attempt.cut.extend(reply.episodes)
-                    attempt.episodes.update((e.rollout_id, e.attempt) for e in reply.episodes)
+                    attempt.episodes.update(held)
         # Renew the leases once if preparing used more than half of the deadline.
         if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
             renewed = time.time() + self.config.prepare_timeout_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from parkway.actors.roles.agent import Agent
@@ -16,8 +17,9 @@ from parkway.actors.runtime import participant
 from parkway.actors.runtime.tracing import NO_ROLLOUT_TRACE
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.ledger import Granularity, Ledger
-from parkway.protocol.messages import EpisodeRef, Prepare, Prepared
+from parkway.protocol.messages import EpisodeRef, Message, Prepare, Prepared
 
+from tests.support.embedded import SNAPSHOT_RUN, embedded_run
 from tests.support.signed import SECRET
 
 RUN = "agentprepare"
@@ -124,3 +126,62 @@ def test_the_controller_makes_a_running_attempts_ref_once() -> None:
     assert second["agent/0"][0] is first["agent/0"][1] and second["agent/1"][0] is first["agent/1"][0]
     # A scope made without the refs kept from before names the same attempts.
     assert DispatchedScopes().of(ledger) == second
+
+
+def test_a_prepare_names_only_the_attempts_its_agents_last_cut_did_not_hold() -> None:
+    ledger = Ledger()
+    ledger.add_group("t0001", 1, 4, Granularity.SIBLING)
+    for index, sibling in enumerate(ledger.reserved()):
+        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=index % 2)
+    scopes = DispatchedScopes()
+    assert [e.rollout_id for e in scopes.of(ledger)["agent/0"]] == ["t0001_g0", "t0001_g2"]
+    # agent/0 answered a Prepare holding g0: it has that Run, so the next Prepare waits for g2 only.
+    scopes.held("agent/0", frozenset({("t0001_g0", 0)}))
+    second = scopes.of(ledger)
+    assert [e.rollout_id for e in second["agent/0"]] == ["t0001_g2"]
+    assert [e.rollout_id for e in second["agent/1"]] == ["t0001_g1", "t0001_g3"]  # its own cut counts
+    # A cut replaces the one before: g0 is not in it (it ended there, its receipt on the wire).
+    scopes.held("agent/0", frozenset({("t0001_g2", 0)}))
+    assert [e.rollout_id for e in scopes.of(ledger)["agent/0"]] == ["t0001_g0"]
+    # Every Run agent/0 holds was in its last cut: its Prepare names nothing to wait for.
+    scopes.held("agent/0", frozenset({("t0001_g0", 0), ("t0001_g2", 0)}))
+    assert scopes.of(ledger)["agent/0"] == ()
+    # Its agent restarted: the rollout's new attempt is a key no cut held, named until one holds it.
+    ledger.restart_after_restore("t0001_g2", continue_saved=False)
+    ledger.dispatch("t0001_g2", 1, replica=0)
+    assert [(e.rollout_id, e.attempt) for e in scopes.of(ledger)["agent/0"]] == [("t0001_g2", 1)]
+
+
+@pytest.mark.asyncio
+async def test_a_runs_later_prepares_name_only_the_runs_dispatched_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole run, in memory: each agent's Prepare names the attempts its last cut did not hold, and
+    every cut still holds every attempt dispatched to it (the capture would refuse a snapshot that
+    lacked one): the run publishes every snapshot it takes and ends as a run without snapshots does."""
+    seen: list[tuple[int, frozenset[tuple[str, int]], frozenset[tuple[str, int]]]] = []
+    on_prepare = Agent.on_prepare
+
+    async def recorded(agent: Agent, command: Prepare) -> Message:
+        reply = await on_prepare(agent, command)
+        named = frozenset((e.rollout_id, e.attempt) for e in command.episodes)
+        held = frozenset((e.rollout_id, e.attempt) for e in getattr(reply, "episodes", ()))
+        seen.append((agent.replica, named, held))
+        return reply
+
+    monkeypatch.setattr(Agent, "on_prepare", recorded)
+    slower = {**SNAPSHOT_RUN, "policy": {**SNAPSHOT_RUN["policy"], "per_token_delay_s": 0.003}}
+    summary = await embedded_run(slower, tmp_path / "snapshotted")
+    assert summary.snapshots_published >= 3 and summary.snapshots_failed == 0
+    assert seen and all(named <= held for _, named, held in seen)  # every named Run had arrived
+    # After an agent's first cut, a Prepare names only what that cut did not hold.
+    last: dict[int, frozenset[tuple[str, int]]] = {}
+    shrunk = 0
+    for replica, named, held in seen:
+        if replica in last:
+            assert not named & last[replica]
+            shrunk += bool(held & last[replica])
+        last[replica] = held
+    assert shrunk, "no Prepare met an attempt its agent's cut before had held"
+    uncrashed = await embedded_run(slower, tmp_path / "plain", snapshots=False)
+    assert summary.transcripts_sha256 == uncrashed.transcripts_sha256
