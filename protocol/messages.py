@@ -17,6 +17,7 @@ from typing import Annotated
 import msgspec
 from parkway.protocol import ranges
 from parkway.protocol.errors import ErrorCode
+from parkway.protocol.ids import CHECKPOINT_ID_PATTERN
 from parkway.protocol.inspection import Allocation as Allocation
 from parkway.protocol.inspection import MemoryReport, MemoryUsage
 from parkway.protocol.layout import LOCATION_PATTERN, SNAPSHOT_LOCATION, tmp_dir_name
@@ -38,6 +39,7 @@ MAX_TOKEN_ID = ranges.MAX_TOKEN_ID  # numeric fields are typed with their ranges
 MAX_SOURCES = 4096  # saved replicas a Restore may name for one participant
 # The timeline a data message belongs to: the epoch of the Run its attempt was dispatched with (0: unstamped).
 Epoch = ranges.Count
+BaseCut = Annotated[str, msgspec.Meta(pattern=f"^$|{CHECKPOINT_ID_PATTERN.pattern}")]  # "" or a checkpoint id
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,6 +119,7 @@ class Prepare(ControlCommand, frozen=True, kw_only=True):
     so the agent waits until each has arrived."""
 
     episodes: tuple[EpisodeRef, ...] = ()
+    base: BaseCut = ""  # to an agent: the id of the Prepare whose cut the controller holds ("": none)
 
 
 class Renew(ControlCommand, frozen=True, kw_only=True):
@@ -300,6 +303,14 @@ class Prepared(Message, frozen=True, kw_only=True):
     restarts: tuple[AttemptRef, ...] = ()
     waited_s: ranges.Seconds = 0.0  # how long the participant waited for its rollouts to park (tool calls)
     episodes: tuple[EpisodeRef, ...] = ()  # an agent's cut: each attempt it holds, at its saved boundary
+    # With a ``base`` (the Prepare's): ``episodes`` are the refs new or moved since that cut and ``gone``
+    # the attempts that left it (``protocol.cut_changes``); without, ``episodes`` is the whole cut.
+    base: BaseCut = ""
+    gone: tuple[AttemptRef, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.gone and not self.base:
+            raise ValueError("gone names attempts that left a cut, but no base cut is named")
 
 
 class Committed(Message, frozen=True, kw_only=True):

@@ -38,6 +38,7 @@ from parkway.actors.runtime.forgetting import AttemptKey, Fence, forget_fence_si
 from parkway.actors.runtime.memory import trim_heap
 from parkway.actors.runtime.packs import RecordWriter
 from parkway.actors.runtime.snapshot_dirs import check_sources, inside
+from parkway.protocol.cut_changes import LastCut
 from parkway.protocol.cuts import CutTable
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.history import AttemptsFenced, PhaseChanged
@@ -146,6 +147,7 @@ class Participant(Actor):
         self.cuts: CutTable[Cut] = CutTable()  # taken at Commit, written at Persist
         self.records = RecordWriter(self.faults, self.role)  # the cut's files, written at Persist
         self._prepared: dict[str, Prepared] = {}  # the answer of the checkpoint that is prepared here
+        self._last_cut = LastCut()  # what the next Prepare's answer may be made against
         self.metrics.timed_phases()
         self.handlers.update(
             {
@@ -271,6 +273,7 @@ class Participant(Actor):
             waited_s=report.waited_s,
             episodes=report.episodes,
         )
+        prepared = self._last_cut.answer(command.base, prepared)  # an agent's: what changed in its cut
         self._prepared[cid] = prepared  # a Prepare sent again gets the same cut
         return prepared
 

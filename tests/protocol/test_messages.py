@@ -18,7 +18,7 @@ EPISODE = m.EpisodeRef(rollout_id="g1_g0", attempt=1, replica=0)
 EXAMPLES: list[m.Message] = [
     m.Discover(checkpoint_id="ck-1", deadline=NOW),
     m.Status(checkpoint_id="status-1", deadline=NOW),
-    m.Prepare(checkpoint_id="ck-1", deadline=NOW, episodes=(EPISODE,)),
+    m.Prepare(checkpoint_id="ck-1", deadline=NOW, episodes=(EPISODE,), base="ck-0"),
     m.Renew(checkpoint_id="ck-1", deadline=NOW),
     m.Commit(checkpoint_id="ck-1", deadline=NOW, location="tmp_ck-1", episodes=(EPISODE,)),
     m.Persist(checkpoint_id="ck-1", deadline=NOW, location="tmp_ck-1"),
@@ -42,6 +42,9 @@ EXAMPLES: list[m.Message] = [
         boundaries_passed=7,
         restarts=(ATTEMPT,),
         episodes=(m.EpisodeRef(rollout_id="g1_g0", attempt=1, replica=0, tools=4),),
+    ),
+    m.Prepared(  # what changed in an agent's cut since the cut of ck-0
+        checkpoint_id="ck-1", parked=3, episodes=(EPISODE,), base="ck-0", gone=(ATTEMPT,)
     ),
     m.Committed(checkpoint_id="ck-1", episodes=(EPISODE,)),
     m.Persisted(
@@ -165,6 +168,17 @@ def test_messages_are_frozen() -> None:
             b'{"type": "Prepare", "v": 1, "checkpoint_id": "../etc", "deadline": 1}',
             ErrorCode.INVALID_MESSAGE,
             "checkpoint id",
+        ),
+        (
+            b'{"type": "Prepare", "v": 1, "checkpoint_id": "a", "deadline": 1, "base": "../x"}',
+            ErrorCode.INVALID_MESSAGE,
+            "base",
+        ),
+        (
+            # Attempts that left a cut, with no cut named that they left (protocol.cut_changes).
+            b'{"type": "Prepared", "v": 1, "checkpoint_id": "a", "gone": [{"rollout_id": "r", "attempt": 0}]}',
+            ErrorCode.INVALID_MESSAGE,
+            "no base cut",
         ),
         (
             b'{"type": "Commit", "v": 1, "checkpoint_id": "a", "deadline": 1, "location": "../../x"}',

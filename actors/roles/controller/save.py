@@ -332,13 +332,9 @@ class SaveSequence:
 
     async def prepare(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         cid, deadline = attempt.checkpoint_id, attempt.deadline
-        dispatched = self.scopes.of(self.host.ledger)
+        prepare = self.scopes.prepares(self.host.ledger, cid, deadline)
         for stage in stages:
-            replies = await self.participants.ask(
-                stage,
-                lambda a: Prepare(checkpoint_id=cid, deadline=deadline, episodes=dispatched.get(a, ())),
-                "prepare",
-            )
+            replies = await self.participants.ask(stage, prepare, "prepare")
             for address, reply in replies.items():
                 assert isinstance(reply, Prepared)
                 attempt.parked += reply.parked
@@ -346,10 +342,9 @@ class SaveSequence:
                 attempt.park_wait_s = max(attempt.park_wait_s, reply.waited_s)
                 attempt.restarts.update((r.rollout_id, r.attempt) for r in reply.restarts)
                 if parse_address(address)[0] == Role.AGENT:
-                    held = frozenset((e.rollout_id, e.attempt) for e in reply.episodes)
-                    self.scopes.held(address, held)
-                    attempt.cut.extend(reply.episodes)
-                    attempt.episodes.update(held)
+                    cut = self.scopes.cut_of(address, reply)  # (changes against no cut it holds: refused)
+                    attempt.cut.extend(cut.values())
+                    attempt.episodes.update(cut)
         # Renew the leases once if preparing used more than half of the deadline.
         if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
             renewed = time.time() + self.config.prepare_timeout_s

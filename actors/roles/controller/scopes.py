@@ -2,55 +2,88 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from parkway.protocol.cut_changes import CutChangeError, CutRefs, applied, refs_of
 from parkway.protocol.ids import Role, actor_address, parse_address
 from parkway.protocol.ledger import AttemptState, Ledger
-from parkway.protocol.messages import EpisodeRef
+from parkway.protocol.messages import EpisodeRef, Prepare, Prepared
+from parkway.protocol.snapshot import SnapshotFailure
 
 # Ledger states of an attempt the controller gave up on: a cut does not keep it.
 GIVEN_UP = frozenset({AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.RETIRED})
 
 
 class DispatchedScopes:
-    """Each agent's dispatched attempts whose Runs it is not known to have: its Prepare waits until
-    they arrived. An attempt its last cut held has arrived (that agent answered a Prepare holding it),
-    so a Prepare names only the attempts dispatched to it since: a few per snapshot, not every one in
-    flight (512 refs each way at 1024 in flight were a 23 KB Prepare to make, sign, verify and decode
-    inside the window). Named or not, an attempt the agent does not hold when it cuts is a mismatch the
-    capture refuses (``episode_mismatch``): the scope only decides what the agent waits for.
+    """Each agent's dispatched attempts whose Runs it is not known to have, and the last cut it answered
+    with. Its Prepare waits until the Runs named arrived. An attempt its last cut held has arrived (that
+    agent answered a Prepare holding it), so a Prepare names only the attempts dispatched to it since:
+    a few per snapshot, not every one in flight (512 refs at 1024 in flight were a 23 KB command to
+    make, sign, verify and decode inside the window). Named or not, an attempt the agent does not hold
+    when it cuts is a mismatch the capture refuses (``episode_mismatch``): the scope only decides what
+    the agent waits for. The agent's answer, the same way, names what changed in its cut since the last
+    one (``protocol.cut_changes``), and ``cut_of`` makes the whole cut from it.
 
     A running attempt's ref is made at the first snapshot that names it and kept while it runs, so a
     snapshot does not make one per attempt in flight inside its window."""
 
     def __init__(self) -> None:
-        self._refs: dict[tuple[str, int, int], EpisodeRef] = {}
-        self._held: dict[str, frozenset[tuple[str, int]]] = {}  # agent address: what its last cut held
+        self._refs: dict[tuple[str, int], EpisodeRef] = {}
+        self._cuts: dict[str, tuple[str, CutRefs]] = {}  # agent address: its last cut, that Prepare's id
 
     def of(self, ledger: Ledger) -> dict[str, tuple[EpisodeRef, ...]]:
-        refs: dict[tuple[str, int, int], EpisodeRef] = {}
+        refs: dict[tuple[str, int], EpisodeRef] = {}
         scope: dict[int, list[EpisodeRef]] = {}
-        held: dict[int, frozenset[tuple[str, int]]] = {}
+        held = {parse_address(address)[1]: cut for address, (_, cut) in self._cuts.items()}
+        nothing: CutRefs = {}
         for sibling, attempt in ledger.dispatched_attempts():
             replica = attempt.replica
             if replica is None:
                 continue
-            key = (sibling.rollout_id, attempt.index, replica)
+            key = (sibling.rollout_id, attempt.index)
             ref = self._refs.get(key)
-            if ref is None:
+            if ref is None or ref.replica != replica:
                 ref = EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=replica)
             refs[key] = ref
-            if replica not in held:
-                held[replica] = self._held.get(actor_address(Role.AGENT, replica), frozenset())
-            named = scope.setdefault(replica, [])
-            if (sibling.rollout_id, attempt.index) not in held[replica]:
-                named.append(ref)
+            if key not in held.get(replica, nothing):
+                scope.setdefault(replica, []).append(ref)
         self._refs = refs  # only the attempts still running: the ones that ended are let go
+        # (An agent that waits for no Run is left out: its Prepare names nothing.)
         return {actor_address(Role.AGENT, replica): tuple(named) for replica, named in scope.items()}
 
-    def held(self, address: str, attempts: frozenset[tuple[str, int]]) -> None:
-        """``address`` answered a Prepare with a cut holding ``attempts``: it has each one's Run. (Its
-        next cut replaces this one: an attempt it no longer holds has ended there, or its agent
-        restarted and the controller gave it a new attempt, a key no cut held.)"""
-        self._held[address] = attempts
+    def prepares(self, ledger: Ledger, checkpoint_id: str, deadline: float) -> Callable[[str], Prepare]:
+        """Each agent's Prepare of this snapshot: the Runs it waits for, and the cut its answer may
+        change (any other participant's names neither)."""
+        scopes = self.of(ledger)
+        return lambda address: Prepare(
+            checkpoint_id=checkpoint_id,
+            deadline=deadline,
+            episodes=scopes.get(address, ()),
+            base=self.base_of(address),
+        )
+
+    def base_of(self, address: str) -> str:
+        """The id of the Prepare whose cut the controller holds of this agent ("": none)."""
+        known = self._cuts.get(address)
+        return known[0] if known is not None else ""
+
+    def cut_of(self, address: str, reply: Prepared) -> CutRefs:
+        """The whole cut ``reply`` stands for, kept as this agent's last: its episodes, or the changes
+        it names applied to the cut they were made against. Changes against a cut the controller does
+        not hold fail the snapshot (transient), and the one it held is forgotten: the next Prepare names
+        no base, so the agent answers with its whole cut."""
+        if not reply.base:
+            cut = refs_of(reply.episodes)
+        else:
+            known = self._cuts.pop(address, None)
+            try:
+                if known is None or known[0] != reply.base:
+                    raise CutChangeError(f"changes against the cut of {reply.base}, which it does not hold")
+                cut = applied(known[1], reply.episodes, reply.gone)
+            except CutChangeError as exc:
+                raise SnapshotFailure("prepare", f"{address}: {exc}", transient=True) from None
+        self._cuts[address] = (reply.checkpoint_id, cut)
+        return cut
 
 
 def given_up(ledger: Ledger, episode: EpisodeRef) -> bool:

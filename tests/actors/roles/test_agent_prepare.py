@@ -16,8 +16,10 @@ from parkway.actors.roles.controller.scopes import DispatchedScopes
 from parkway.actors.runtime import participant
 from parkway.actors.runtime.tracing import NO_ROLLOUT_TRACE
 from parkway.brokers.memory import MemoryBroker, MemoryHub
+from parkway.protocol import cut_changes
 from parkway.protocol.ledger import Granularity, Ledger
-from parkway.protocol.messages import EpisodeRef, Message, Prepare, Prepared
+from parkway.protocol.messages import Abort, AttemptRef, EpisodeRef, Message, Prepare, Prepared
+from parkway.protocol.snapshot import SnapshotFailure
 
 from tests.support.embedded import SNAPSHOT_RUN, embedded_run
 from tests.support.signed import SECRET
@@ -128,6 +130,12 @@ def test_the_controller_makes_a_running_attempts_ref_once() -> None:
     assert DispatchedScopes().of(ledger) == second
 
 
+def cut(checkpoint_id: str, *attempts: tuple[str, int]) -> Prepared:
+    """An agent's whole cut, as its Prepared says it."""
+    refs = tuple(EpisodeRef(rollout_id=r, attempt=a, replica=0) for r, a in attempts)
+    return Prepared(checkpoint_id=checkpoint_id, parked=len(refs), episodes=refs)
+
+
 def test_a_prepare_names_only_the_attempts_its_agents_last_cut_did_not_hold() -> None:
     ledger = Ledger()
     ledger.add_group("t0001", 1, 4, Granularity.SIBLING)
@@ -135,53 +143,126 @@ def test_a_prepare_names_only_the_attempts_its_agents_last_cut_did_not_hold() ->
         ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=index % 2)
     scopes = DispatchedScopes()
     assert [e.rollout_id for e in scopes.of(ledger)["agent/0"]] == ["t0001_g0", "t0001_g2"]
+    assert scopes.base_of("agent/0") == ""
     # agent/0 answered a Prepare holding g0: it has that Run, so the next Prepare waits for g2 only.
-    scopes.held("agent/0", frozenset({("t0001_g0", 0)}))
+    scopes.cut_of("agent/0", cut("ck-1", ("t0001_g0", 0)))
     second = scopes.of(ledger)
-    assert [e.rollout_id for e in second["agent/0"]] == ["t0001_g2"]
+    assert [e.rollout_id for e in second["agent/0"]] == ["t0001_g2"] and scopes.base_of("agent/0") == "ck-1"
     assert [e.rollout_id for e in second["agent/1"]] == ["t0001_g1", "t0001_g3"]  # its own cut counts
     # A cut replaces the one before: g0 is not in it (it ended there, its receipt on the wire).
-    scopes.held("agent/0", frozenset({("t0001_g2", 0)}))
+    scopes.cut_of("agent/0", cut("ck-2", ("t0001_g2", 0)))
     assert [e.rollout_id for e in scopes.of(ledger)["agent/0"]] == ["t0001_g0"]
     # Every Run agent/0 holds was in its last cut: its Prepare names nothing to wait for.
-    scopes.held("agent/0", frozenset({("t0001_g0", 0), ("t0001_g2", 0)}))
-    assert scopes.of(ledger)["agent/0"] == ()
+    scopes.cut_of("agent/0", cut("ck-3", ("t0001_g0", 0), ("t0001_g2", 0)))
+    assert "agent/0" not in scopes.of(ledger)
     # Its agent restarted: the rollout's new attempt is a key no cut held, named until one holds it.
     ledger.restart_after_restore("t0001_g2", continue_saved=False)
     ledger.dispatch("t0001_g2", 1, replica=0)
     assert [(e.rollout_id, e.attempt) for e in scopes.of(ledger)["agent/0"]] == [("t0001_g2", 1)]
 
 
+def test_the_controller_makes_an_agents_whole_cut_from_the_changes_it_answers_with() -> None:
+    scopes = DispatchedScopes()
+    first = scopes.cut_of("agent/0", cut("ck-1", ("a", 0), ("b", 0), ("c", 0)))
+    assert list(first) == [("a", 0), ("b", 0), ("c", 0)]
+    moved = EpisodeRef(rollout_id="b", attempt=0, replica=0, tools=2)  # b passed a boundary
+    new = EpisodeRef(rollout_id="d", attempt=0, replica=0)
+    changes = Prepared(
+        checkpoint_id="ck-2",
+        parked=3,
+        episodes=(moved, new),
+        base="ck-1",
+        gone=(AttemptRef(rollout_id="a", attempt=0),),
+    )
+    whole = scopes.cut_of("agent/0", changes)
+    assert whole == {("b", 0): moved, ("c", 0): first[("c", 0)], ("d", 0): new}
+    assert scopes.base_of("agent/0") == "ck-2"
+    # Changes against a cut the controller does not hold: refused, and the next Prepare names no base.
+    stale = Prepared(checkpoint_id="ck-3", episodes=(new,), base="ck-1")
+    with pytest.raises(SnapshotFailure, match="agent/0: changes against the cut of ck-1") as refused:
+        scopes.cut_of("agent/0", stale)
+    assert refused.value.transient and refused.value.step == "prepare"
+    assert scopes.base_of("agent/0") == ""
+
+
+async def test_an_agent_answers_with_what_changed_since_the_cut_the_prepare_names() -> None:
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        agent = Agent(broker, secret=SECRET)
+        rollouts = {(r, 0): ParkedRollout(r, 0) for r in ("a_g0", "a_g1", "a_g2", "a_g3", "a_g4")}
+        for (rollout_id, attempt), live in rollouts.items():
+            agent.latest_attempt[rollout_id] = attempt
+            agent.live[(rollout_id, attempt)] = live  # type: ignore[assignment]
+
+        async def prepared(checkpoint_id: str, base: str) -> Prepared:
+            command = Prepare(checkpoint_id=checkpoint_id, deadline=time.time() + 30, base=base)
+            reply = await agent.on_prepare(command)
+            assert isinstance(reply, Prepared)
+            await agent.on_abort(Abort(checkpoint_id=checkpoint_id, deadline=time.time() + 30))
+            return reply
+
+        whole = await prepared("ck-1", "")
+        assert whole.base == "" and len(whole.episodes) == 5 and whole.parked == 5
+        # a_g1 passed a boundary (a new ref), a_g2 ended: the next answer names just that.
+        rollouts[("a_g1", 0)].ref = EpisodeRef(rollout_id="a_g1", attempt=0, replica=0, tools=1)
+        del agent.live[("a_g2", 0)]
+        changed = await prepared("ck-2", "ck-1")
+        assert changed.base == "ck-1" and changed.parked == 4
+        assert changed.episodes == (rollouts[("a_g1", 0)].ref,)
+        assert changed.gone == (AttemptRef(rollout_id="a_g2", attempt=0),)
+        # A base this agent did not answer last (the controller missed a reply): the whole cut.
+        again = await prepared("ck-3", "ck-1")
+        assert again.base == "" and again.gone == () and len(again.episodes) == 4
+        # Every rollout it held ended and new ones came: the changes (2 new, 4 gone) would be more than
+        # the whole cut, which goes instead.
+        agent.live.clear()
+        for rollout_id in ("a_g5", "a_g6"):
+            agent.latest_attempt[rollout_id] = 0
+            agent.live[(rollout_id, 0)] = ParkedRollout(rollout_id, 0)  # type: ignore[assignment]
+        turned_over = await prepared("ck-4", "ck-3")
+        assert turned_over.base == "" and turned_over.gone == ()
+        assert {e.rollout_id for e in turned_over.episodes} == {"a_g5", "a_g6"}
+
+
 @pytest.mark.asyncio
-async def test_a_runs_later_prepares_name_only_the_runs_dispatched_since(
+async def test_a_runs_later_prepares_and_cuts_name_only_what_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A whole run, in memory: each agent's Prepare names the attempts its last cut did not hold, and
-    every cut still holds every attempt dispatched to it (the capture would refuse a snapshot that
-    lacked one): the run publishes every snapshot it takes and ends as a run without snapshots does."""
-    seen: list[tuple[int, frozenset[tuple[str, int]], frozenset[tuple[str, int]]]] = []
+    """A whole run, in memory: each agent's Prepare names the attempts its last cut did not hold, its
+    Prepared what changed in its cut since, and every whole cut still holds every attempt named (the
+    capture would refuse a snapshot that lacked one): the run publishes every snapshot it takes and ends
+    as a run without snapshots does."""
+    seen: list[tuple[int, Prepare, Prepared]] = []
     on_prepare = Agent.on_prepare
 
     async def recorded(agent: Agent, command: Prepare) -> Message:
         reply = await on_prepare(agent, command)
-        named = frozenset((e.rollout_id, e.attempt) for e in command.episodes)
-        held = frozenset((e.rollout_id, e.attempt) for e in getattr(reply, "episodes", ()))
-        seen.append((agent.replica, named, held))
+        if isinstance(reply, Prepared):
+            seen.append((agent.replica, command, reply))
         return reply
 
     monkeypatch.setattr(Agent, "on_prepare", recorded)
     slower = {**SNAPSHOT_RUN, "policy": {**SNAPSHOT_RUN["policy"], "per_token_delay_s": 0.003}}
     summary = await embedded_run(slower, tmp_path / "snapshotted")
     assert summary.snapshots_published >= 3 and summary.snapshots_failed == 0
-    assert seen and all(named <= held for _, named, held in seen)  # every named Run had arrived
-    # After an agent's first cut, a Prepare names only what that cut did not hold.
-    last: dict[int, frozenset[tuple[str, int]]] = {}
-    shrunk = 0
-    for replica, named, held in seen:
-        if replica in last:
-            assert not named & last[replica]
-            shrunk += bool(held & last[replica])
-        last[replica] = held
-    assert shrunk, "no Prepare met an attempt its agent's cut before had held"
+
+    cuts: dict[int, tuple[str, cut_changes.CutRefs]] = {}
+    named_fewer = changes = 0
+    for replica, command, reply in seen:
+        base = cuts.get(replica)
+        if reply.base:  # changes against the cut the Prepare named: this agent's last one
+            assert base is not None and command.base == reply.base == base[0]
+            whole = cut_changes.applied(base[1], reply.episodes, reply.gone)
+            changes += len(reply.episodes) < len(whole)
+        else:
+            whole = cut_changes.refs_of(reply.episodes)
+        assert len(whole) == reply.parked
+        named = {(e.rollout_id, e.attempt) for e in command.episodes}
+        assert named <= whole.keys()  # every Run named had arrived, and is in the cut
+        if base is not None:
+            assert not named & base[1].keys()  # what its last cut held is not named again
+            named_fewer += bool(whole.keys() & base[1].keys())
+        cuts[replica] = (reply.checkpoint_id, whole)
+    assert named_fewer, "no Prepare met an attempt its agent's cut before had held"
+    assert changes, "no Prepared sent fewer refs than its whole cut"
     uncrashed = await embedded_run(slower, tmp_path / "plain", snapshots=False)
     assert summary.transcripts_sha256 == uncrashed.transcripts_sha256
