@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import msgspec
+from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.messages import AttemptRef, EpisodeRef, Prepared
 
 AttemptKey = tuple[str, int]
@@ -58,6 +59,17 @@ class LastCut:
 
     def __init__(self) -> None:
         self._last: tuple[str, CutRefs] | None = None
+
+    def check(self, base: str) -> None:
+        """Refuse a Prepare whose scope was made against a cut this process did not answer last: it names
+        only the Runs dispatched since that cut, and this process may lack the ones before (it is a new
+        process, its rollouts lost with the old one). Retryable: the controller fails that snapshot
+        (transient) and names every Run in the next."""
+        if base and (self._last is None or self._last[0] != base):
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE,
+                f"the Prepare names what came after cut {base}, which this process did not answer",
+            )
 
     def answer(self, base: str, prepared: Prepared) -> Prepared:
         """``prepared`` (with the whole cut) as it is sent: what changed since the cut of ``base`` (the

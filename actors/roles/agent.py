@@ -275,6 +275,7 @@ class Agent(Participant):
     def parked_now(self, command: Prepare) -> ParkReport | None:
         """The cut at once when every Run the Prepare names has arrived and every rollout can be cut:
         the usual case, answered without a turn of this busy loop."""
+        self._last_cut.check(command.base)  # a scope made against a cut this process did not answer
         if self._unready or self._unseen(command):
             return None
         return self._report(self._take_cut(command.checkpoint_id), waited_s=0.0)

@@ -275,6 +275,7 @@ class SaveSequence:
                 transient=failure.transient,
             )
         )
+        self.scopes.forget()  # the next Prepares name every Run: an agent may not hold its last cut
         if save_failure_aborts(step):
             self._abort_decided(attempt, failure)
         # Open as soon as the abort is decided: the rollouts go on while the Aborts are in flight

@@ -62,6 +62,11 @@ class DispatchedScopes:
             base=self.base_of(address),
         )
 
+    def forget(self) -> None:
+        """A snapshot failed: an agent may not hold the cut kept of it (it restarted, or its answer was
+        lost), so the next Prepares name every Run and no base."""
+        self._cuts.clear()
+
     def base_of(self, address: str) -> str:
         """The id of the Prepare whose cut the controller holds of this agent ("": none)."""
         known = self._cuts.get(address)

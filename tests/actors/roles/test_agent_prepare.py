@@ -17,6 +17,7 @@ from parkway.actors.runtime import participant
 from parkway.actors.runtime.tracing import NO_ROLLOUT_TRACE
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import cut_changes
+from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.ledger import Granularity, Ledger
 from parkway.protocol.messages import Abort, AttemptRef, EpisodeRef, Message, Prepare, Prepared
 from parkway.protocol.snapshot import SnapshotFailure
@@ -182,6 +183,19 @@ def test_the_controller_makes_an_agents_whole_cut_from_the_changes_it_answers_wi
     with pytest.raises(SnapshotFailure, match="agent/0: changes against the cut of ck-1") as refused:
         scopes.cut_of("agent/0", stale)
     assert refused.value.transient and refused.value.step == "prepare"
+
+
+def test_after_a_failed_snapshot_every_prepare_names_every_run_and_no_base() -> None:
+    ledger = Ledger()
+    ledger.add_group("t0001", 1, 2, Granularity.SIBLING)
+    for sibling in ledger.reserved():
+        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=0)
+    scopes = DispatchedScopes()
+    scopes.cut_of("agent/0", cut("ck-1", ("t0001_g0", 0), ("t0001_g1", 0)))
+    assert scopes.prepares(ledger, "ck-2", time.time() + 30)("agent/0").episodes == ()
+    scopes.forget()  # (what a failed snapshot does: its agents may not hold the cut kept of them)
+    prepare = scopes.prepares(ledger, "ck-3", time.time() + 30)("agent/0")
+    assert prepare.base == "" and [e.rollout_id for e in prepare.episodes] == ["t0001_g0", "t0001_g1"]
     assert scopes.base_of("agent/0") == ""
 
 
@@ -209,8 +223,15 @@ async def test_an_agent_answers_with_what_changed_since_the_cut_the_prepare_name
         assert changed.base == "ck-1" and changed.parked == 4
         assert changed.episodes == (rollouts[("a_g1", 0)].ref,)
         assert changed.gone == (AttemptRef(rollout_id="a_g2", attempt=0),)
-        # A base this agent did not answer last (the controller missed a reply): the whole cut.
-        again = await prepared("ck-3", "ck-1")
+        # A scope made against a cut this process did not answer last (it is a new process, or the
+        # controller missed its answer) may leave out Runs it lacks: refused, retryable, nothing cut.
+        cuts_before = agent.counts["cuts_taken"]
+        with pytest.raises(ProtocolError) as refused:
+            await agent.on_prepare(Prepare(checkpoint_id="ck-3", deadline=time.time() + 30, base="ck-1"))
+        assert refused.value.code is ErrorCode.UNAVAILABLE and refused.value.retryable
+        assert agent.counts["cuts_taken"] == cuts_before
+        await agent.on_abort(Abort(checkpoint_id="ck-3", deadline=time.time() + 30))
+        again = await prepared("ck-3b", "")  # the controller's next Prepare names no base: the whole cut
         assert again.base == "" and again.gone == () and len(again.episodes) == 4
         # Every rollout it held ended and new ones came: the changes (2 new, 4 gone) would be more than
         # the whole cut, which goes instead.
@@ -218,7 +239,7 @@ async def test_an_agent_answers_with_what_changed_since_the_cut_the_prepare_name
         for rollout_id in ("a_g5", "a_g6"):
             agent.latest_attempt[rollout_id] = 0
             agent.live[(rollout_id, 0)] = ParkedRollout(rollout_id, 0)  # type: ignore[assignment]
-        turned_over = await prepared("ck-4", "ck-3")
+        turned_over = await prepared("ck-4", "ck-3b")
         assert turned_over.base == "" and turned_over.gone == ()
         assert {e.rollout_id for e in turned_over.episodes} == {"a_g5", "a_g6"}
 
