@@ -91,6 +91,8 @@ async def test_a_json_command_from_pika_is_accepted_and_answered(spawn, client, 
         "restarts": [],
         "waited_s": 0.0,
         "episodes": [],
+        "base": "",  # a whole cut (only an agent's answer may name what changed since a base)
+        "gone": [],
     }
     resumed = pika_request(
         amqp_url,
