@@ -112,11 +112,17 @@ async def test_a_prepare_meeting_a_rollout_between_boundaries_waits_for_its_boun
         assert isinstance(reply, Prepared) and [e.tools for e in reply.episodes] == [3]
 
 
-def test_the_controller_makes_a_running_attempts_ref_once() -> None:
+def dispatched(siblings: int, *, agents: int) -> Ledger:
+    """One group of ``siblings`` rollouts of task t0001, dispatched to the agents in turn."""
     ledger = Ledger()
-    ledger.add_group("t0001", 1, 3, Granularity.SIBLING)
+    ledger.add_group("t0001", 1, siblings, Granularity.SIBLING)
     for index, sibling in enumerate(ledger.reserved()):
-        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=index % 2)
+        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=index % agents)
+    return ledger
+
+
+def test_the_controller_makes_a_running_attempts_ref_once() -> None:
+    ledger = dispatched(3, agents=2)
     scopes = DispatchedScopes()
     first = scopes.of(ledger)
     assert {a: [e.rollout_id for e in refs] for a, refs in first.items()} == {
@@ -138,10 +144,7 @@ def cut(checkpoint_id: str, *attempts: tuple[str, int]) -> Prepared:
 
 
 def test_a_prepare_names_only_the_attempts_its_agents_last_cut_did_not_hold() -> None:
-    ledger = Ledger()
-    ledger.add_group("t0001", 1, 4, Granularity.SIBLING)
-    for index, sibling in enumerate(ledger.reserved()):
-        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=index % 2)
+    ledger = dispatched(4, agents=2)
     scopes = DispatchedScopes()
     assert [e.rollout_id for e in scopes.of(ledger)["agent/0"]] == ["t0001_g0", "t0001_g2"]
     assert scopes.base_of("agent/0") == ""
@@ -186,10 +189,7 @@ def test_the_controller_makes_an_agents_whole_cut_from_the_changes_it_answers_wi
 
 
 def test_after_a_failed_snapshot_every_prepare_names_every_run_and_no_base() -> None:
-    ledger = Ledger()
-    ledger.add_group("t0001", 1, 2, Granularity.SIBLING)
-    for sibling in ledger.reserved():
-        ledger.dispatch(sibling.rollout_id, sibling.current.index, replica=0)
+    ledger = dispatched(2, agents=1)
     scopes = DispatchedScopes()
     scopes.cut_of("agent/0", cut("ck-1", ("t0001_g0", 0), ("t0001_g1", 0)))
     assert scopes.prepares(ledger, "ck-2", time.time() + 30)("agent/0").episodes == ()
