@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,9 @@ from parkway.actors.runtime.logs import configure_logging
 from parkway.brokers.base import Broker
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol.messages import Status, StatusReport
+
+# ``runtime.settings.NICE_ENV``, spelt out: a baseline build measured beside this one may not have it.
+NICE_ENV = "PARKWAY_NICE"
 
 URL = os.environ.get("PARKWAY_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 SECRET = b"bench"
@@ -117,13 +120,15 @@ async def started(
     spawn: bool = True,
     history_roles: Collection[str] = (),
     kill_at_end: bool = False,
+    nice: Mapping[str, int] | None = None,
 ) -> AsyncIterator[Cluster]:
     """A cluster of configuration ``data`` (a fresh "machine"; ``state`` reuses a state directory).
     Over RabbitMQ: ``spawn=False`` when the actor processes were started already; the run's queues are
     deleted afterwards unless ``keep_queues``. ``history_roles``: the roles that record their history
     (embedded: any role named turns it on for every actor, as they share this process's environment).
     ``kill_at_end``: the actor processes are killed at the end, not stopped (a cluster that is thrown
-    away need not wait for its graceful stop)."""
+    away need not wait for its graceful stop). ``nice``: role -> how much its processes lower their CPU
+    priority (``parkway actor --nice``)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     bench_logging()
@@ -140,7 +145,7 @@ async def started(
     else:
         from parkway.brokers.rabbitmq import RabbitBroker
 
-        processes = spawn_actors(data, state, actor_log_level, history_roles) if spawn else []
+        processes = spawn_actors(data, state, actor_log_level, history_roles, nice) if spawn else []
         broker = RabbitBroker(URL, config.run, connection_name=f"parkway-{config.run}-bench")
     try:
         with recording:
@@ -211,23 +216,37 @@ async def delete_run(config: RunConfig) -> None:
 
 
 def spawn_actors(
-    data: dict[str, Any], state: Path, log_level: str, history_roles: Collection[str] = ()
+    data: dict[str, Any],
+    state: Path,
+    log_level: str,
+    history_roles: Collection[str] = (),
+    nice: Mapping[str, int] | None = None,
 ) -> list[Process]:
     """Every actor of ``data`` as its own ``parkway actor`` process on the local RabbitMQ (their logs go
-    to this process's stderr); those of ``history_roles`` record their history."""
+    to this process's stderr); those of ``history_roles`` record their history, those of ``nice`` lower
+    their CPU priority by its value (``PARKWAY_NICE``: a build that has no such setting ignores it)."""
     config = from_dict(data)
     state.mkdir(parents=True, exist_ok=True)
     config_path = state / "run.yaml"
     config_path.write_text(yaml.safe_dump(data))
     # (Without this process's PARKWAY_* settings but the file exporter's file: launch.run_environment.)
     env = launch.run_environment(run=config.run, secret=SECRET.decode(), state=state, broker_url=URL)
-    recording = {**env, HISTORY_ENV: "1"}
     return [
         launch.start_actor(
-            role, i, env=recording if role in history_roles else env, config=config_path, log_level=log_level
+            role, i, env=actor_env(env, role, history_roles, nice), config=config_path, log_level=log_level
         )
         for role, i in roles(config)
     ]
+
+
+def actor_env(
+    env: Mapping[str, str], role: str, history_roles: Collection[str], nice: Mapping[str, int] | None
+) -> dict[str, str]:
+    """One role's processes' environment: the run's, and the history and priority settings of its role."""
+    own = {**env, HISTORY_ENV: "1"} if role in history_roles else dict(env)
+    if nice and nice.get(role):
+        own[NICE_ENV] = str(nice[role])
+    return own
 
 
 def stop_processes(processes: list[Process], *, kill: bool = False) -> None:

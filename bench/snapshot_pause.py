@@ -5,7 +5,7 @@ bounds checked on the medians.
     python bench/snapshot_pause.py [--variants n16 n256 n1024 n256-tools5s n256-turns5 n256-turns50]
                                    [--rounds 3] [--modes rabbitmq] [--delay 0.05] [--tool-delay 0.1]
                                    [--turns 12] [--snapshots 8] [--every 2] [--progress 0.5] [--quick]
-                                   [--baseline PYTHONPATH]
+                                   [--baseline PYTHONPATH] [--nice-off-window N]
 
 A variant is named by what it changes: ``n256`` is 256 rollouts in flight with the default tools
 (``--tool-delay``) and turns (``--turns``); ``-tools5s`` (or ``-tools250ms``) sets every tool call's
@@ -41,7 +41,8 @@ bound (p95 <= 50 ms; ratios <= 1.5).
 whose ``parkway`` is the other build (a link tree: ``ln -s /path/to/old-checkout DIR/parkway``). Every
 point of each build then runs in a process of its own, the two builds' points of one variant back to
 back, which goes first alternating from round to round; the baseline's rows and figures carry the mode
-``<mode>@baseline``.
+``<mode>@baseline``. ``--nice-off-window N`` starts the roles no step of the window waits on (policy,
+tool servers, TQ) with their CPU priority lowered by N (``parkway actor --nice``).
 
 The defaults take about 30 minutes on this 2-core machine (the 50-turn variant's two minutes of warm-up
 three times over is the longest part); ``--quick`` about one. Writes ``bench/results/snapshot_pause.json``
@@ -87,6 +88,9 @@ DEFAULT_VARIANTS = (
     "n1024-rate256",
 )
 QUICK_VARIANTS = ("n16", "n256")
+# The roles no step of a snapshot's window waits on (``protocol.snapshot.SAVE_SEQUENCE``: the window
+# prepares the agents only; TQ's Commit is sent in it, and answered after): ``--nice-off-window``.
+OFF_WINDOW_ROLES = ("policy", "resources", "tq")
 WARMUP_LIMIT_S = 600.0  # a variant whose rollouts never reach --progress starts its snapshots anyway
 _VARIANT = re.compile(
     r"n(?P<in_flight>\d+)(?:-tools(?P<tools>\d+(?:\.\d+)?)(?P<unit>ms|s))?(?:-turns(?P<turns>\d+))?"
@@ -193,7 +197,8 @@ async def measure(variant: Variant, mode: str, args: argparse.Namespace) -> dict
 async def measure_in(state: _Path, variant: Variant, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     began = time.monotonic()
     # Killed at the end: a point's cluster is thrown away, and a graceful stop costs ~10 s a point.
-    async with cluster.started(workload(variant, args), mode, state=state, kill_at_end=True) as c:
+    nice = dict.fromkeys(OFF_WINDOW_ROLES, args.nice_off_window)
+    async with cluster.started(workload(variant, args), mode, state=state, kill_at_end=True, nice=nice) as c:
         run = asyncio.ensure_future(c.run())
         while c.controller.snapshots is None or len(c.controller.ledger.dispatched()) < variant.in_flight:
             alive(run)
@@ -452,7 +457,7 @@ def run_point(
             *("--delay", str(args.delay), "--tool-delay", str(args.tool_delay), "--turns", str(args.turns)),
             *("--prompts", str(args.prompts), "--warmup", str(args.warmup)),
             *("--progress", str(args.progress), "--snapshots", str(args.snapshots)),
-            *("--every", str(args.every)),
+            *("--every", str(args.every), "--nice-off-window", str(args.nice_off_window)),
         ]
         env = {**os.environ, "PYTHONPATH": pythonpath}
         subprocess.run(command, env=env, check=True)
@@ -615,6 +620,15 @@ def main() -> None:
     common.add_name(parser, "snapshot_pause")
     parser.add_argument(
         "--baseline", metavar="PYTHONPATH", help="another build's PYTHONPATH entry, measured interleaved"
+    )
+    parser.add_argument(
+        "--nice-off-window",
+        type=int,
+        default=0,
+        choices=range(20),
+        metavar="N",
+        help="the policy, tool servers and TQ lower their CPU priority by N (0 to 19; a baseline build "
+        "without the setting ignores it)",
     )
     parser.add_argument("--point-out", help=argparse.SUPPRESS)  # internal: run one point, write it here
     args = parser.parse_args()

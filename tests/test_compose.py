@@ -87,6 +87,22 @@ def test_every_actor_runs_as_its_own_service(services: dict[str, dict]) -> None:
         assert [v["target"] for v in svc["volumes"]] == ["/var/lib/parkway"]  # one shared state volume
 
 
+@pytest.mark.slow  # the `services` fixture runs the Compose binary
+def test_the_services_off_a_snapshots_window_yield_the_cpu_to_those_on_it(services: dict[str, dict]) -> None:
+    # The window waits on the controller, the agents and the broker only (SAVE_SEQUENCE); the others
+    # get half the default CPU weight (1024) when the host's cores are contended.
+    weights = {name: svc.get("cpu_shares") for name, svc in services.items()}
+    on_window = {"controller", "agent-0", "agent-1", "rabbitmq"}
+    assert {name: weights[name] for name in on_window} == dict.fromkeys(on_window)
+    assert {name: w for name, w in weights.items() if name not in on_window} == {
+        "tq": 512,
+        "policy": 512,
+        "resources-0": 512,
+        "resources-1": 512,
+        "trainer": 512,
+    }
+
+
 def test_the_image_carries_the_example_configuration() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "COPY examples ./examples" in dockerfile and "WORKDIR /app" in dockerfile

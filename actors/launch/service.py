@@ -8,6 +8,7 @@ metrics (and its broker connection's) from one ``/metrics`` endpoint until it st
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -56,6 +57,17 @@ def build_actor(
         faults=FaultPoints(),
         **options,
     )
+
+
+def lower_cpu_priority(increment: int) -> int:
+    """Lower this process's CPU priority by ``increment`` (``parkway actor --nice``, ``PARKWAY_NICE``);
+    the niceness it has now. For a role off a snapshot's window (policy, tool servers, TQ): on a host
+    they share, the window's processes (controller, agents, the broker) get the cores first, and each
+    of the window's hops waits less to be scheduled (docs/operations.md)."""
+    niceness = os.nice(increment)  # (0 reads it)
+    if increment:
+        log.info("cpu_priority_lowered", by=increment, niceness=niceness)
+    return niceness
 
 
 def service_name(actors: list[Actor]) -> str:

@@ -13,6 +13,8 @@ unless ``PARKWAY_INSECURE_SHARED_SECRET=1`` says so on purpose (docs/security.md
 to answer before its run starts (120 s by default; compose starts the services in any order).
 ``PARKWAY_REPLY_JOURNAL_MAX_BYTES`` and ``PARKWAY_REPLY_MAX_AGE_S`` bound the reply journal
 (``runtime/replies.py``); ``PARKWAY_TRACEMALLOC`` starts tracing allocations at boot (``runtime/memory.py``).
+``PARKWAY_NICE`` (or ``parkway actor --nice``) lowers a service process's CPU priority at boot: for the
+roles off a snapshot's window, so that on a shared host the window's hops are scheduled first.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ SIGNING_KEY_ENV = "PARKWAY_SIGNING_KEY"
 PUBLIC_KEYS_ENV = "PARKWAY_PUBLIC_KEYS"
 SECRET_ENV = "PARKWAY_SECRET"
 INSECURE_ENV = "PARKWAY_INSECURE_SHARED_SECRET"
+NICE_ENV = "PARKWAY_NICE"
+MAX_NICE = 19  # the kernel's lowest priority; raising a priority needs a privilege a service has no need of
 
 
 class SettingsError(Exception):
@@ -81,6 +85,22 @@ def broker_wait_s(environ: Mapping[str, str] | None = None) -> float:
     """How long a service or a run started while its broker is not up (restarting, or starting beside
     it) tries to connect before it gives up: ``PARKWAY_BROKER_WAIT_S``, else 30 s."""
     return seconds_setting(os.environ if environ is None else environ, BROKER_WAIT_ENV, DEFAULT_BROKER_WAIT_S)
+
+
+def nice_increment(environ: Mapping[str, str] | None = None) -> int:
+    """How much a service lowers its own CPU priority at boot: ``PARKWAY_NICE``, else 0 (unchanged)."""
+    return parse_nice((os.environ if environ is None else environ).get(NICE_ENV, ""), NICE_ENV)
+
+
+def parse_nice(text: str, name: str = "--nice") -> int:
+    """A niceness increment, 0 to 19 ("" is 0). Refused (SettingsError) otherwise: a negative one would
+    raise the priority, which needs privilege and would take cores from the window's own processes."""
+    text = text.strip()
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_NICE:
+        raise SettingsError(f"{name}={text!r}: want a niceness increment, 0 to {MAX_NICE}")
+    return int(text)
 
 
 def seconds_setting(

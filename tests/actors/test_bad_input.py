@@ -9,6 +9,7 @@ from a snapshot a participant cannot read, receipts of attempts that never exist
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -26,9 +27,12 @@ from parkway.actors.runtime.settings import (
     DEFAULT_MAX_DEADLINE_S,
     MAX_BODY_ENV,
     MAX_DEADLINE_ENV,
+    NICE_ENV,
     SettingsError,
     max_body_bytes,
     max_deadline_s,
+    nice_increment,
+    parse_nice,
 )
 from parkway.brokers.base import Broker, DeadLetter, Envelope
 from parkway.brokers.memory import MemoryBroker, MemoryHub
@@ -191,6 +195,17 @@ def test_a_limit_that_is_not_a_number_of_bytes_is_refused(value: str) -> None:
     with pytest.raises(SettingsError, match=f"{MAX_BODY_ENV}={value!r}"):
         max_body_bytes({MAX_BODY_ENV: value})
     assert max_body_bytes({}) == codec.MAX_BODY_BYTES and max_body_bytes({MAX_BODY_ENV: "65536"}) == 65536
+
+
+@pytest.mark.parametrize("value", ["-3", "20", "1.5", "ten", "\u00b2", "+4"])
+def test_a_niceness_that_would_raise_the_priority_or_is_not_a_step_is_refused(value: str) -> None:
+    with pytest.raises(
+        SettingsError, match=re.escape(f"{NICE_ENV}={value!r}: want a niceness increment, 0 to 19")
+    ):
+        nice_increment({NICE_ENV: value})
+    with pytest.raises(SettingsError, match=re.escape(f"--nice={value!r}")):
+        parse_nice(value)
+    assert nice_increment({}) == 0 and nice_increment({NICE_ENV: " 10 "}) == 10 and parse_nice("19") == 19
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan"])

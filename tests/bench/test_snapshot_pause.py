@@ -150,3 +150,31 @@ def test_a_baseline_is_another_builds_parkway_measured_beside_this_one(tmp_path:
     (tmp_path / "parkway").mkdir()
     [(this, _), (other, path)] = bench.builds_compared(str(tmp_path))
     assert (this, other, path) == ("", "@baseline", str(tmp_path))
+
+
+def test_only_the_roles_off_the_window_are_started_with_a_lowered_priority() -> None:
+    import cluster
+    from parkway.actors.runtime.settings import NICE_ENV
+    from parkway.protocol.snapshot import SAVE_SEQUENCE, WINDOW_ENDS, SaveStep
+
+    assert cluster.NICE_ENV == NICE_ENV  # spelt out there for a baseline build without it
+    # The window awaits only the agents' answers (TQ's commands at capture are sent, not awaited).
+    in_window = [step for step in SAVE_SEQUENCE[: [s.name for s in SAVE_SEQUENCE].index(WINDOW_ENDS)]]
+    awaited = {
+        role for step in in_window if step.name != SaveStep.CAPTURE for stage in step.stages for role in stage
+    }
+    assert awaited == {"agent"} and not awaited & set(bench.OFF_WINDOW_ROLES)
+    nice = dict.fromkeys(bench.OFF_WINDOW_ROLES, 10)
+    run = {"PARKWAY_RUN": "r"}
+    envs = {
+        role: cluster.actor_env(run, role, ("agent",), nice)
+        for role in ("agent", "policy", "resources", "tq")
+    }
+    assert {role: env.get(NICE_ENV) for role, env in envs.items()} == {
+        "agent": None,
+        "policy": "10",
+        "resources": "10",
+        "tq": "10",
+    }
+    assert envs["agent"]["PARKWAY_HISTORY"] == "1" and "PARKWAY_HISTORY" not in envs["tq"]
+    assert cluster.actor_env(run, "tq", (), dict.fromkeys(bench.OFF_WINDOW_ROLES, 0)) == run

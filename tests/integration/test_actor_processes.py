@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 
@@ -100,3 +101,20 @@ async def test_sigterm_stops_a_policy_whose_engines_run_in_ray(spawn, client) ->
     policy.signal(signal.SIGTERM)
     assert await asyncio.to_thread(policy.wait, 60) == 0
     assert "actor_stopped" in policy.log_text()
+
+
+async def test_an_actor_off_the_window_lowers_its_own_cpu_priority_and_still_answers(
+    spawn, client: Client, tmp_path
+) -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    by_env = spawn("tq", PARKWAY_NICE="5")
+    by_flag = spawn("policy", args=("--nice", "7"), PARKWAY_NICE="2")  # the flag wins over the setting
+    plain = spawn("resources")
+    for process in (by_env, by_flag, plain):
+        await wait_ready(client, process)
+    assert os.getpriority(os.PRIO_PROCESS, by_env.pid) == min(own + 5, 19)
+    assert os.getpriority(os.PRIO_PROCESS, by_flag.pid) == min(own + 7, 19)
+    assert os.getpriority(os.PRIO_PROCESS, plain.pid) == own
+    reply = await client.request("tq/0", Probe(checkpoint_id="nice-1", deadline=time.time() + 60))
+    assert isinstance(reply, ProbeResult) and (reply.pid, reply.executions) == (by_env.pid, 1)
+    assert (await status_of(client, "policy/0")).pid == by_flag.pid

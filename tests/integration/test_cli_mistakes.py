@@ -109,3 +109,25 @@ async def test_logs_without_a_broker_says_so(run_name, tmp_path: Path) -> None:
     assert result.returncode == 2
     assert line.startswith("parkway: logs: no broker configured"), line
     assert "PARKWAY_BROKER_URL" in line and "FILE" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "variables", "refused"),
+    [
+        (("--nice", "-3"), {}, "--nice='-3'"),
+        ((), {"PARKWAY_NICE": "ten"}, "PARKWAY_NICE='ten'"),
+        (("--nice", "20"), {"PARKWAY_NICE": "5"}, "--nice='20'"),
+    ],
+)
+async def test_an_actor_asked_to_raise_its_priority_refuses_to_start(
+    args: tuple[str, ...], variables: dict[str, str], refused: str, amqp_url, run_name, tmp_path: Path
+) -> None:
+    settings = {
+        **run_variables(run_name, tmp_path / "cli"),
+        "PARKWAY_INSECURE_SHARED_SECRET": "1",
+        **variables,
+    }
+    result = await asyncio.to_thread(parkway, "actor", "tq", "--broker", amqp_url, *args, **settings)
+    line = one_line(result)
+    assert result.returncode == 2
+    assert line == f"parkway: {refused}: want a niceness increment, 0 to 19", line

@@ -9,12 +9,12 @@ import sys
 import time
 
 from parkway.actors.launch.roles import DEFAULT_TOPOLOGY, ROLES
-from parkway.actors.launch.service import build_actor, serve
+from parkway.actors.launch.service import build_actor, lower_cpu_priority, serve
 from parkway.actors.run.config import ConfigError
 from parkway.actors.run.config import load as load_config
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.logs import configure_logging
-from parkway.actors.runtime.settings import RunSettings
+from parkway.actors.runtime.settings import NICE_ENV, RunSettings, nice_increment, parse_nice
 from parkway.actors.tools import status as cluster_status
 from parkway.actors.tools.commands.options import (
     Subcommands,
@@ -55,6 +55,11 @@ def add_actor(sub: Subcommands) -> None:
         "--config", help="run configuration: the role reads its section (policy engine, resources mode)"
     )
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--nice",
+        help=f"lower this process's CPU priority by 0 to 19 (default: ${NICE_ENV}, else 0): for the roles "
+        "off a snapshot's window (policy, resources, tq) on a host they share with the agents",
+    )
     p.set_defaults(func=_cmd_actor)
 
 
@@ -102,12 +107,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _cmd_actor(args: argparse.Namespace) -> int:
     settings = RunSettings.from_env(broker_url=args.broker, run=args.run, metrics_port=args.metrics_port)
     settings.refuse_shared_secret(f"parkway actor {args.role}")
+    nice = parse_nice(args.nice) if args.nice is not None else nice_increment()
     try:
         config = load_config(args.config) if args.config else None
     except ConfigError as exc:
         print(f"parkway: config: {exc}", file=sys.stderr)
         return 2
     configure_logging(level=args.log_level)
+    lower_cpu_priority(nice)
 
     async def go() -> None:
         broker = connect(
