@@ -159,7 +159,7 @@ def test_only_the_roles_off_the_window_are_started_with_a_lowered_priority() -> 
 
     assert cluster.NICE_ENV == NICE_ENV  # spelt out there for a baseline build without it
     # The window awaits only the agents' answers (TQ's commands at capture are sent, not awaited).
-    in_window = [step for step in SAVE_SEQUENCE[: [s.name for s in SAVE_SEQUENCE].index(WINDOW_ENDS)]]
+    in_window = SAVE_SEQUENCE[: [s.name for s in SAVE_SEQUENCE].index(WINDOW_ENDS)]
     awaited = {
         role for step in in_window if step.name != SaveStep.CAPTURE for stage in step.stages for role in stage
     }
