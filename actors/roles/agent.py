@@ -317,7 +317,7 @@ class Agent(Participant):
         """Each rollout's transcript up to its last boundary: immutable values, so the cut is a list of
         references now and the encoding waits for Persist (a rollout's saved transcript is the same
         object from one cut to the next until it passes a boundary, and so is its episode ref)."""
-        saved = {key: live.cut_entry() for key, live in self.live.items()}
+        saved = {key: live.cut_entry for key, live in self.live.items()}
         self._cut, self._cut_at_ns = saved, time.time_ns()
         self._held_by_cut = set(saved)
         self.cut_taken.set()  # the rollouts whose environment allows it go on at once

@@ -144,8 +144,6 @@ class Attempt:
         self.model: list[ModelStep] = []
         self.tools: list[ToolStep] = []
         self.mark = (0, 0, 0)  # (model steps, tool steps, boundaries) at the last boundary
-        self._saved: SavedRollout | None = None  # ``saved()`` at ``mark``: unchanged until the next boundary
-        self._cut_entry: CutEntry | None = None  # ``cut_entry()``
         env = host.environment(run.env)
         self.boundary_tools: frozenset[str] = env.boundary_before if env is not None else frozenset()
         # Cut anywhere (mid-round too): its tool server keeps the session as it was at the last boundary.
@@ -153,6 +151,9 @@ class Attempt:
         # The turn in progress, (index, replayed, perf_counter at its start): logged for ``parkway report``.
         self.turn: tuple[int, bool, float] | None = None
         self.trace = tracing.rollout(run.rollout_id, run.attempt, host.replica)  # no-op unless tracing
+        # What a cut takes of it: made as it passes a boundary, so a cut (inside the admission-closed
+        # window) reads one attribute per rollout instead of copying transcripts there.
+        self.cut_entry = self._make_cut_entry()
 
     @property
     def cut_ready(self) -> bool:
@@ -161,37 +162,33 @@ class Attempt:
 
     def saved(self) -> SavedRollout:
         """Its transcript up to its last boundary (the same object until it passes the next one)."""
+        return self.cut_entry.saved
+
+    def _make_cut_entry(self) -> CutEntry:
+        """``saved()`` at ``mark``, the episode ref a cut names it by (its tool calls there) and its
+        trace."""
         models, tools, boundaries = self.mark
         replay = self.replay
         if replay is not None and boundaries < replay.boundaries:
             # Still replaying what it continues: its tool server holds the sessions as they were at the
             # end of that transcript, so that end is its boundary, not the replayed one it is at.
-            return SavedRollout(
+            saved = SavedRollout(
                 run=self.run, model=replay.model, tools=replay.tools, boundaries=replay.boundaries
             )
-        if self._saved is None or self._saved.boundaries != boundaries:
-            self._saved = SavedRollout(
+        else:
+            saved = SavedRollout(
                 run=self.run,
                 model=tuple(self.model[:models]),
                 tools=tuple(self.tools[:tools]),
                 boundaries=boundaries,
             )
-        return self._saved
-
-    def cut_entry(self) -> CutEntry:
-        """What a cut holds of it: ``saved()``, the episode ref the cut names it by (its tool calls
-        there) and its trace; one tuple until the next boundary, made again only when the saved
-        transcript changed (a cut takes one per rollout in flight, inside the window)."""
-        saved = self.saved()
-        if self._cut_entry is None or self._cut_entry.saved is not saved:
-            ref = EpisodeRef(
-                rollout_id=self.run.rollout_id,
-                attempt=self.run.attempt,
-                replica=self.host.replica,
-                tools=len(saved.tools),
-            )
-            self._cut_entry = CutEntry(saved, ref, self.trace)
-        return self._cut_entry
+        ref = EpisodeRef(
+            rollout_id=self.run.rollout_id,
+            attempt=self.run.attempt,
+            replica=self.host.replica,
+            tools=len(saved.tools),
+        )
+        return CutEntry(saved, ref, self.trace)
 
     async def run_to_receipt(self) -> Completed | Failed:
         """Run the program to its end. Cancelled (retired, or the agent stopping): the tool session is
@@ -292,6 +289,7 @@ class Attempt:
         self.host.counts["boundaries"] += 1
         self._end_turn()
         self.mark = (len(self.model), len(self.tools), self.mark[2] + 1)
+        self.cut_entry = self._make_cut_entry()  # (no await since the mark: a cut sees both or neither)
         hold = self.run.task.hold_at_turn
         if hold == len(self.model) and self.run.attempt == 0:
             # A demo's hold (``parkway demo``): stay parked here until the cluster goes away.

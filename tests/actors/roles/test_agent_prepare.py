@@ -1,6 +1,7 @@
 """An agent's Prepare: answered in the step it came in when every rollout can be cut already
-(``parked_now``), waited for otherwise (a Run on its way, a rollout between boundaries), and the refs
-a cut names, made once per boundary; the controller's scopes, made once per running attempt."""
+(``parked_now``), waited for otherwise (a Run on its way, a rollout between boundaries), and what a
+cut takes of each rollout, made once as it passes a boundary; the controller's scopes, made once per
+running attempt."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from parkway.actors.roles.agent import Agent
-from parkway.actors.roles.attempt import CutEntry
+from parkway.actors.roles.attempt import Attempt, CutEntry
 from parkway.actors.roles.controller.scopes import DispatchedScopes
 from parkway.actors.runtime import participant
 from parkway.actors.runtime.tracing import NO_ROLLOUT_TRACE
@@ -19,8 +20,9 @@ from parkway.brokers.memory import MemoryBroker, MemoryHub
 from parkway.protocol import cut_changes
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.ledger import Granularity, Ledger
-from parkway.protocol.messages import Abort, AttemptRef, EpisodeRef, Message, Prepare, Prepared
+from parkway.protocol.messages import Abort, AttemptRef, EpisodeRef, Message, Prepare, Prepared, Run
 from parkway.protocol.snapshot import SnapshotFailure
+from parkway.protocol.transcript import ModelStep, SavedRollout, ToolStep
 
 from tests.support.embedded import SNAPSHOT_RUN, embedded_run
 from tests.support.signed import SECRET
@@ -36,7 +38,8 @@ class ParkedRollout:
         self.ref = EpisodeRef(rollout_id=rollout_id, attempt=0, replica=0, tools=tools)
         self.trace = NO_ROLLOUT_TRACE
 
-    def cut_entry(self) -> CutEntry:
+    @property
+    def cut_entry(self) -> CutEntry:  # (a test passes a boundary by giving it another ref)
         return CutEntry(self.saved, self.ref, self.trace)  # type: ignore[arg-type]  # a stand-in transcript
 
 
@@ -287,3 +290,49 @@ async def test_a_runs_later_prepares_and_cuts_name_only_what_changed(
     assert changes, "no Prepared sent fewer refs than its whole cut"
     uncrashed = await embedded_run(slower, tmp_path / "plain", snapshots=False)
     assert summary.transcripts_sha256 == uncrashed.transcripts_sha256
+
+
+async def test_an_attempts_cut_entry_is_made_as_it_passes_a_boundary_and_only_then() -> None:
+    """A cut (inside the window) reads each rollout's entry as it is: the entry is made at the boundary
+    (the transcript up to it, the ref with its tool calls), and between boundaries it is the same
+    object, whatever the rollout has done since."""
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        agent = Agent(broker, secret=SECRET)
+        run = Run(rollout_id="e_g0", attempt=0, group_id="e", env="counter", prompt="p")
+        attempt = Attempt(agent, run)
+        first = attempt.cut_entry
+        assert first.saved.model == () and first.saved.boundaries == 0 and first.ref.tools == 0
+        assert attempt.saved() is first.saved
+        step = ModelStep(
+            prompt_sha256="d", token_ids=(1,), logprobs=(0.0,), finish_reason="tool", staging_key="k:0"
+        )
+        attempt.model.append(step)
+        attempt.tools.append(ToolStep(tool="add", arguments={}, ok=True, output={}))
+        assert attempt.cut_entry is first  # mid-round: the cut still holds the last boundary
+        await attempt._at_boundary()
+        second = attempt.cut_entry
+        assert second is not first and second.saved.model == (step,) and second.ref.tools == 1
+        assert (second.ref.rollout_id, second.ref.attempt, second.ref.replica) == ("e_g0", 0, agent.replica)
+        attempt.model.append(step)  # the next model call: the entry waits for the next boundary
+        assert attempt.cut_entry is second and attempt.saved().boundaries == 1
+
+
+async def test_a_continuing_attempts_cut_entry_is_its_saved_transcript_until_it_passes_it() -> None:
+    """While it replays what it continues, its boundary is the end of that transcript (its tool server
+    holds the sessions as they were there), made once, not at every cut."""
+    async with MemoryBroker(MemoryHub(), RUN) as broker:
+        agent = Agent(broker, secret=SECRET)
+        run = Run(rollout_id="e_g1", attempt=1, group_id="e", env="counter", prompt="p")
+        step = ModelStep(
+            prompt_sha256="d", token_ids=(1,), logprobs=(0.0,), finish_reason="tool", staging_key="k:0"
+        )
+        replay = SavedRollout(run=run, model=(step, step), tools=(), boundaries=2)
+        attempt = Attempt(agent, run, replay)
+        kept = attempt.cut_entry
+        assert kept.saved == replay and kept.ref.tools == 0
+        attempt.model.append(step)
+        await attempt._at_boundary()  # the first replayed boundary: still short of the saved end
+        assert attempt.cut_entry is not kept and attempt.cut_entry.saved == replay
+        attempt.model.append(step)
+        await attempt._at_boundary()  # at the saved end: its own transcript from here on
+        assert attempt.cut_entry.saved.model == (step, step) and attempt.cut_entry.saved.boundaries == 2
