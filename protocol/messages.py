@@ -303,10 +303,10 @@ class Prepared(Message, frozen=True, kw_only=True):
     restarts: tuple[AttemptRef, ...] = ()
     waited_s: ranges.Seconds = 0.0  # how long the participant waited for its rollouts to park (tool calls)
     episodes: tuple[EpisodeRef, ...] = ()  # an agent's cut: each attempt it holds, at its saved boundary
-    # With a ``base`` (the Prepare's): ``episodes`` are the refs new or moved since that cut and ``gone``
-    # the attempts that left it (``protocol.cut_changes``); without, ``episodes`` is the whole cut.
+    # With a ``base`` (the Prepare's): refs new or moved since that cut, and ``gone`` (cut_changes).
     base: BaseCut = ""
     gone: tuple[AttemptRef, ...] = ()
+    receipts: tuple[Completed, ...] = ()  # its receipts not yet acknowledged: they come with the cut
 
     def __post_init__(self) -> None:
         if self.gone and not self.base:

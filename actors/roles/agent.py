@@ -65,6 +65,10 @@ from parkway.protocol.transcript import SavedRollout
 
 log = structlog.get_logger("parkway.agent")
 
+# Receipts a Prepared carries at most (a controller long gone leaves many unacknowledged): any other
+# is waited for on the wire, as before.
+RECEIPTS_WITH_CUT = 256
+
 
 class Agent(Participant):
     role = Role.AGENT
@@ -299,7 +303,17 @@ class Agent(Participant):
             boundaries_passed=self.counts["boundaries"],
             waited_s=waited_s,
             episodes=cut.episodes,
+            receipts=self._receipts_with_cut(),
         )
+
+    def _receipts_with_cut(self) -> tuple[Completed, ...]:
+        """The completed attempts' receipts not yet acknowledged (the newest, at most
+        ``RECEIPTS_WITH_CUT``): every attempt this agent ran is in its cut or has its receipt here (an
+        attempt leaves ``live`` and its receipt enters ``unacked`` in one step), so the controller need
+        not wait for the copies still on the wire before it copies its ledger. (A ``Failed`` is waited
+        for: it redoes a group.)"""
+        completed = [receipt for receipt, _ in self.unacked.values() if isinstance(receipt, Completed)]
+        return tuple(completed[-RECEIPTS_WITH_CUT:])
 
     def _unseen(self, command: Prepare) -> set[AttemptKey]:
         """The attempts the Prepare names for this agent whose Runs have not arrived."""

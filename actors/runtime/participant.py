@@ -50,6 +50,7 @@ from parkway.protocol.messages import (
     Capabilities,
     Commit,
     Committed,
+    Completed,
     Discover,
     EpisodeRef,
     FileDigest,
@@ -89,6 +90,7 @@ class ParkReport:
     restarts: tuple[AttemptRef, ...] = ()
     waited_s: float = 0.0  # time spent waiting for rollouts to reach a boundary
     episodes: tuple[EpisodeRef, ...] = ()  # an agent's cut, taken where its rollouts parked
+    receipts: tuple[Completed, ...] = ()  # an agent's receipts not yet acknowledged (they come with it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +274,7 @@ class Participant(Actor):
             restarts=report.restarts,
             waited_s=report.waited_s,
             episodes=report.episodes,
+            receipts=report.receipts,
         )
         prepared = self._last_cut.answer(command.base, prepared)  # an agent's: what changed in its cut
         self._prepared[cid] = prepared  # a Prepare sent again gets the same cut

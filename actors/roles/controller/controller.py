@@ -133,6 +133,7 @@ class Controller(Actor):
 
     async def stop(self) -> None:
         await super().stop()
+        await self.receipts.stop()
         for task in (self._acks, self._forgets):
             if task is not None:
                 task.cancel()
@@ -194,6 +195,10 @@ class Controller(Actor):
         self._wake.clear()
         with anyio.move_on_after(timeout_s):
             await self._wake.wait()
+
+    def receipts_with_cut(self, replica: int, receipts: tuple[Completed, ...]) -> int:
+        timeline = self.timeline()  # (one of an older epoch is refused on the wire, and here)
+        return self.receipts.with_cut(replica, (r for r in receipts if r.epoch >= timeline))
 
     def export_ledger(self) -> LedgerFile:
         return LedgerFile(ledger=self.state.ledger.export(), controller=self.state.anchor(self.counts))

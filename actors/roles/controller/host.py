@@ -17,7 +17,7 @@ from parkway.actors.runtime.history import History
 from parkway.actors.runtime.metrics import ActorMetrics
 from parkway.protocol.anchor import ControllerAnchor, LedgerFile
 from parkway.protocol.ledger import Ledger
-from parkway.protocol.messages import StatusReport
+from parkway.protocol.messages import Completed, StatusReport
 
 
 class SnapshotHost(Protocol):
@@ -76,6 +76,10 @@ class SnapshotHost(Protocol):
 
     async def wait_for_receipts(self, timeout_s: float) -> None:
         """Return when a receipt (or anything else) changed the ledger, or after ``timeout_s``."""
+        ...
+
+    def receipts_with_cut(self, replica: int, receipts: tuple[Completed, ...]) -> int:
+        """Take the receipts an agent's Prepared carried as arrived; how many changed the ledger."""
         ...
 
     def export_ledger(self) -> LedgerFile:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import structlog
 from parkway.actors.roles.controller.forget import Forgetting, dispatched_refs
@@ -47,6 +47,9 @@ class Receipts:
         self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
         self.tq_shards = 1  # the run's (``topology.tq_shards``): a seal goes to its rollout's shard
         self.agents = 1  # the run's agent replicas (``topology.agents``): where an Ack can go
+        # Receipts that came with an agent's cut whose seal is under way (``with_cut``): their copy on
+        # the wire waits for that seal instead of sending another.
+        self._with_cut: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     def _acknowledge(self, receipt: Completed | Failed) -> None:
         key = (receipt.rollout_id, receipt.attempt)
@@ -64,7 +67,60 @@ class Receipts:
         self._outbox.acknowledge(key, receipt.replica)
         self._wake()
 
+    def with_cut(self, replica: int, receipts: Iterable[Completed]) -> int:
+        """Receipts agent ``replica``'s Prepared carried (sent, not yet acknowledged): each of an attempt
+        still dispatched to that agent is taken as arrived, now: ``sealing`` in the ledger, its seal
+        started, so a snapshot's drain does not wait for its copy on the wire. That copy, when it
+        comes, waits for the seal begun here and is acknowledged. Any other (already arrived, given up
+        on, of another replica) changes nothing: its copy on the wire is handled as ever. How many
+        were taken."""
+        ledger, taken = self._state.ledger, 0
+        for receipt in receipts:
+            key = (receipt.rollout_id, receipt.attempt)
+            if not ledger.knows(receipt.rollout_id) or key in self._with_cut:
+                continue
+            sibling = ledger.sibling(receipt.rollout_id)
+            target = sibling.attempts[receipt.attempt] if receipt.attempt < len(sibling.attempts) else None
+            if target is None or target is not sibling.current or target.replica != replica:
+                continue
+            if target.state is not AttemptState.DISPATCHED:
+                continue
+            ledger.receive(
+                receipt.rollout_id,
+                receipt.attempt,
+                reward=receipt.reward,
+                turns=receipt.turns,
+                staging_keys=receipt.staging_keys,
+            )
+            task = asyncio.get_running_loop().create_task(self._seal_with_cut(receipt))
+            self._with_cut[key] = task
+            task.add_done_callback(lambda _, key=key: self._with_cut.pop(key, None))
+            taken += 1
+        self._counts["receipts_with_cut"] += taken
+        return taken
+
+    async def stop(self) -> None:
+        """Cancel the seals begun for receipts that came with a cut (each attempt stays ``sealing``: a
+        restore seals it again)."""
+        tasks = list(self._with_cut.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _seal_with_cut(self, receipt: Completed) -> None:
+        try:
+            await self.completed(receipt)
+        except Exception as exc:  # its copy on the wire seals it (the attempt is sealing meanwhile)
+            log.warning(
+                "seal_with_cut_failed", rollout_id=receipt.rollout_id, attempt=receipt.attempt, error=str(exc)
+            )
+
     async def completed(self, receipt: Completed) -> None:
+        sealing = self._with_cut.get((receipt.rollout_id, receipt.attempt))
+        if sealing is not None and asyncio.current_task() is not sealing:
+            # It came with its agent's cut and its seal is under way: after it, this copy is a duplicate
+            # (or, had that seal failed, seals it).
+            await asyncio.shield(sealing)
         ledger = self._state.ledger
         if not ledger.knows(receipt.rollout_id):
             self._counts["receipts_stale"] += (

@@ -342,10 +342,13 @@ class SaveSequence:
                 attempt.boundaries += reply.boundaries_passed
                 attempt.park_wait_s = max(attempt.park_wait_s, reply.waited_s)
                 attempt.restarts.update((r.rollout_id, r.attempt) for r in reply.restarts)
-                if parse_address(address)[0] == Role.AGENT:
+                role, replica = parse_address(address)
+                if role == Role.AGENT:
                     cut = self.scopes.cut_of(address, reply)  # (changes against no cut it holds: refused)
                     attempt.cut.extend(cut.values())
                     attempt.episodes.update(cut)
+                    # What finished there came with the cut: the drain has no copy on the wire to wait for.
+                    self.host.receipts_with_cut(replica, reply.receipts)
         # Renew the leases once if preparing used more than half of the deadline.
         if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
             renewed = time.time() + self.config.prepare_timeout_s

@@ -10,13 +10,14 @@ import asyncio
 from pathlib import Path
 
 from parkway.actors.builtin.trainers import ExampleTrainer
+from parkway.actors.roles.controller import Controller
 from parkway.actors.roles.tq import TransferQueue
 from parkway.actors.run.config import from_dict
 from parkway.protocol.anchor import decode_ledger_file
 from parkway.protocol.errors import ErrorCode, ProtocolError
 from parkway.protocol.layout import LEDGER
-from parkway.protocol.ledger import Ledger
-from parkway.protocol.messages import Message, SealRows
+from parkway.protocol.ledger import AttemptState, Ledger
+from parkway.protocol.messages import Completed, Message, SealRows
 
 from tests.support.embedded import embedded_run, started_cluster
 
@@ -90,3 +91,51 @@ async def test_a_snapshot_saves_receipts_whose_seal_is_on_its_way_and_the_restor
     assert summary.rollouts_sealed == summary.rollouts_expected == 9 and summary.rollouts_failed == 0
     assert summary.attempts_failed == 0
     assert summary.transcripts_sha256 == reference.transcripts_sha256
+
+
+class HeldReceipts:
+    """The controller's ``Completed`` handler, held: receipts reach the controller and wait there
+    unread until ``release`` (what a receipt still on the wire is to a snapshot)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.released = asyncio.Event()
+        self.held: list[tuple[str, int]] = []
+        self.handle_completed = controller.handlers[Completed]
+        controller.handlers[Completed] = self.handle
+
+    async def handle(self, message: Message) -> Message | None:
+        assert isinstance(message, Completed)
+        self.held.append((message.rollout_id, message.attempt))
+        await self.released.wait()
+        return await self.handle_completed(message)
+
+
+async def test_receipts_still_on_the_wire_come_with_the_agents_cut_and_are_sealed_once(
+    tmp_path: Path,
+) -> None:
+    """A snapshot taken while receipts are on their way to the controller does not wait for them: each
+    agent's Prepared carries its receipts not yet acknowledged, the ledger takes them as arrived
+    (``sealing``, their seals begun), and the copies that arrive later are duplicates. Every rollout is
+    sealed once, none redone, with the transcripts of a run that never snapshotted."""
+    reference = await embedded_run(CONFIG, tmp_path / "reference", snapshots=False)
+    controller, _, workload = await started_cluster(from_dict(CONFIG), tmp_path / "state", ExampleTrainer())
+    wire = HeldReceipts(controller)
+    try:
+        while len(wire.held) < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # (rollouts finishing on their agents)
+        on_the_wire = set(wire.held)
+        assert on_the_wire <= controller.state.ledger.dispatched()  # not one read yet
+        published = await controller.take_snapshot()
+        assert published is not None, "the snapshot waited for the receipts on the wire, or failed"
+        assert controller.counts["receipts_with_cut"] >= len(on_the_wire)
+        saved = Ledger.load(decode_ledger_file((published.path / LEDGER).read_bytes()).ledger)
+        states = {saved.sibling(r).attempts[a].state for r, a in on_the_wire}
+        assert states <= {AttemptState.SEALING, AttemptState.SEALED}, states  # with what a seal needs
+    finally:
+        wire.released.set()
+    summary = await asyncio.wait_for(workload, 120)
+    assert summary.rollouts_sealed == summary.rollouts_expected == 9 and summary.rollouts_failed == 0
+    assert summary.attempts_failed == 0 and summary.transcripts_sha256 == reference.transcripts_sha256
+    # The copies from the wire sealed nothing again: duplicates, or stale once their group was done.
+    late = controller.counts["receipts_duplicate"] + controller.counts["receipts_stale"]
+    assert late >= len(on_the_wire), dict(controller.counts)
