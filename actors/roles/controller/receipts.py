@@ -47,8 +47,9 @@ class Receipts:
         self.seals = 0  # seals this incarnation made: the history marks how many a snapshot captured
         self.tq_shards = 1  # the run's (``topology.tq_shards``): a seal goes to its rollout's shard
         self.agents = 1  # the run's agent replicas (``topology.agents``): where an Ack can go
-        # Receipts that came with an agent's cut whose seal is under way (``with_cut``): their copy on
-        # the wire waits for that seal instead of sending another.
+        # Receipts that came with an agent's cut (``with_cut``): taken as arrived, their seals not yet
+        # started; and those whose seals are under way (their copy on the wire waits for the seal).
+        self._carried: dict[tuple[str, int], Completed] = {}
         self._with_cut: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     def _acknowledge(self, receipt: Completed | Failed) -> None:
@@ -69,15 +70,14 @@ class Receipts:
 
     def with_cut(self, replica: int, receipts: Iterable[Completed]) -> int:
         """Receipts agent ``replica``'s Prepared carried (sent, not yet acknowledged): each of an attempt
-        still dispatched to that agent is taken as arrived, now: ``sealing`` in the ledger, its seal
-        started, so a snapshot's drain does not wait for its copy on the wire. That copy, when it
-        comes, waits for the seal begun here and is acknowledged. Any other (already arrived, given up
-        on, of another replica) changes nothing: its copy on the wire is handled as ever. How many
-        were taken."""
+        still dispatched to that agent is taken as arrived, now: ``sealing`` in the ledger, so a
+        snapshot's drain does not wait for its copy on the wire. Its seal starts when admission reopens
+        (``seal_with_cut``), or with that copy if it comes first; a copy that comes while the seal is
+        under way waits for it, and is then a duplicate. Any other (already arrived, given up on, of
+        another replica) changes nothing: its copy on the wire is handled as ever. How many were taken."""
         ledger, taken = self._state.ledger, 0
         for receipt in receipts:
-            key = (receipt.rollout_id, receipt.attempt)
-            if not ledger.knows(receipt.rollout_id) or key in self._with_cut:
+            if not ledger.knows(receipt.rollout_id):
                 continue
             sibling = ledger.sibling(receipt.rollout_id)
             target = sibling.attempts[receipt.attempt] if receipt.attempt < len(sibling.attempts) else None
@@ -92,12 +92,19 @@ class Receipts:
                 turns=receipt.turns,
                 staging_keys=receipt.staging_keys,
             )
-            task = asyncio.get_running_loop().create_task(self._seal_with_cut(receipt))
-            self._with_cut[key] = task
-            task.add_done_callback(lambda _, key=key: self._with_cut.pop(key, None))
+            self._carried[(receipt.rollout_id, receipt.attempt)] = receipt
             taken += 1
         self._counts["receipts_with_cut"] += taken
         return taken
+
+    def seal_with_cut(self) -> None:
+        """Start the seals of the receipts taken with a cut, as admission reopens (a seal is a round trip
+        to TQ: no part of the window)."""
+        carried, self._carried = self._carried, {}
+        for key, receipt in carried.items():
+            task = asyncio.get_running_loop().create_task(self._seal_with_cut(receipt))
+            self._with_cut[key] = task
+            task.add_done_callback(lambda _, key=key: self._with_cut.pop(key, None))
 
     async def stop(self) -> None:
         """Cancel the seals begun for receipts that came with a cut (each attempt stays ``sealing``: a
@@ -116,11 +123,14 @@ class Receipts:
             )
 
     async def completed(self, receipt: Completed) -> None:
-        sealing = self._with_cut.get((receipt.rollout_id, receipt.attempt))
-        if sealing is not None and asyncio.current_task() is not sealing:
-            # It came with its agent's cut and its seal is under way: after it, this copy is a duplicate
-            # (or, had that seal failed, seals it).
-            await asyncio.shield(sealing)
+        key = (receipt.rollout_id, receipt.attempt)
+        # A copy of a receipt taken with a cut: its seal is this copy's to make if it has not started
+        # (the window is still open); if it is under way, this copy waits for it and is then a
+        # duplicate (or, had that seal failed, seals it).
+        if self._carried.pop(key, None) is None:
+            sealing = self._with_cut.get(key)
+            if sealing is not None and asyncio.current_task() is not sealing:
+                await asyncio.shield(sealing)
         ledger = self._state.ledger
         if not ledger.knows(receipt.rollout_id):
             self._counts["receipts_stale"] += (
