@@ -70,6 +70,18 @@ log = structlog.get_logger("parkway.agent")
 RECEIPTS_WITH_CUT = 256
 
 
+def receipts_with_cut(
+    unacked: Mapping[AttemptKey, tuple[Completed | Failed, float]],
+) -> tuple[Completed, ...]:
+    """The completed attempts' receipts not yet acknowledged (the newest, at most
+    ``RECEIPTS_WITH_CUT``): every attempt an agent ran is in its cut or has its receipt in ``unacked``
+    (an attempt leaves ``live`` and its receipt enters ``unacked`` in one step), so the controller need
+    not wait for the copies still on the wire before it copies its ledger. (A ``Failed`` is waited for:
+    it redoes a group.)"""
+    completed = [receipt for receipt, _ in unacked.values() if isinstance(receipt, Completed)]
+    return tuple(completed[-RECEIPTS_WITH_CUT:])
+
+
 class Agent(Participant):
     role = Role.AGENT
     takes_over_replicas = True  # rollouts are saved one by one: any agent can continue one
@@ -303,17 +315,8 @@ class Agent(Participant):
             boundaries_passed=self.counts["boundaries"],
             waited_s=waited_s,
             episodes=cut.episodes,
-            receipts=self._receipts_with_cut(),
+            receipts=receipts_with_cut(self.unacked),
         )
-
-    def _receipts_with_cut(self) -> tuple[Completed, ...]:
-        """The completed attempts' receipts not yet acknowledged (the newest, at most
-        ``RECEIPTS_WITH_CUT``): every attempt this agent ran is in its cut or has its receipt here (an
-        attempt leaves ``live`` and its receipt enters ``unacked`` in one step), so the controller need
-        not wait for the copies still on the wire before it copies its ledger. (A ``Failed`` is waited
-        for: it redoes a group.)"""
-        completed = [receipt for receipt, _ in self.unacked.values() if isinstance(receipt, Completed)]
-        return tuple(completed[-RECEIPTS_WITH_CUT:])
 
     def _unseen(self, command: Prepare) -> set[AttemptKey]:
         """The attempts the Prepare names for this agent whose Runs have not arrived."""

@@ -133,9 +133,7 @@ class Participant(Actor):
         self.phases = ParticipantPhases(lease_grace_s=lease_grace_s, max_lease_s=self.max_deadline_s)
         self.snapshot_root = snapshot_root
         fence = forget_fence_size()
-        # Attempts the controller gave up on (Retire), until it forgets them; bounded all the same, for
-        # a controller that never does.
-        self.retired = Fence(fence)
+        self.retired = Fence(fence)  # attempts given up on (Retire) until forgotten; bounded all the same
         # Attempts the controller forgot (sealed and acknowledged, docs/memory.md): only their ids, the
         # newest ``PARKWAY_FORGET_FENCE``, so a very late duplicate is refused rather than run again.
         self.forgotten = Fence(fence)

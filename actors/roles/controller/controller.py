@@ -87,8 +87,7 @@ class Controller(Actor):
         self.gate = AdmissionGate()
         self._wake = asyncio.Event()  # something changed: the run loop looks again
         self.outbox = AckOutbox(self.client, self.counts, self.history)
-        # Rollouts sealed (or given up) and acknowledged are forgotten everywhere (forget.py).
-        self.forgetting = Forgetting(self.client, self.counts, self._participants)
+        self.forgetting = Forgetting(self.client, self.counts, self._participants)  # sealed, acked: forgotten
         self.outbox.on_acked = self.forgetting.acked
         self.forgetting.on_forget.append(self.outbox.forget)
         self.retirement = Retirement(self.client, self.state, self.counts)
@@ -121,9 +120,8 @@ class Controller(Actor):
         self._expected = 0
         self.session_start = "new"  # new, continued (a snapshot restored) or afresh (new ids)
 
-    def timeline(self) -> int:
-        # Receipts of an older epoch are the dead timeline's; a fresh run (epoch 1) knows no older one.
-        return self.state.epoch if self.state.epoch > 1 else 0
+    def timeline(self) -> int:  # receipts of an older epoch (wired or with a cut) are the dead timeline's
+        return self.state.epoch if self.state.epoch > 1 else 0  # (a fresh run, epoch 1, knows no older one)
 
     async def start(self) -> None:
         await super().start()
@@ -198,8 +196,7 @@ class Controller(Actor):
             await self._wake.wait()
 
     def receipts_with_cut(self, replica: int, receipts: tuple[Completed, ...]) -> int:
-        timeline = self.timeline()  # (one of an older epoch is refused on the wire, and here)
-        return self.receipts.with_cut(replica, (r for r in receipts if r.epoch >= timeline))
+        return self.receipts.with_cut(replica, (r for r in receipts if r.epoch >= self.timeline()))
 
     def export_ledger(self) -> LedgerFile:
         return LedgerFile(ledger=self.state.ledger.export(), controller=self.state.anchor(self.counts))

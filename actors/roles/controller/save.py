@@ -347,8 +347,7 @@ class SaveSequence:
                     cut = self.scopes.cut_of(address, reply)  # (changes against no cut it holds: refused)
                     attempt.cut.extend(cut.values())
                     attempt.episodes.update(cut)
-                    # What finished there came with the cut: the drain has no copy on the wire to wait for.
-                    self.host.receipts_with_cut(replica, reply.receipts)
+                    self.host.receipts_with_cut(replica, reply.receipts)  # (the drain waits for no copy)
         # Renew the leases once if preparing used more than half of the deadline.
         if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
             renewed = time.time() + self.config.prepare_timeout_s
