@@ -104,7 +104,6 @@ class Receipts:
         for key, receipt in carried.items():
             task = asyncio.get_running_loop().create_task(self._seal_with_cut(receipt))
             self._with_cut[key] = task
-            task.add_done_callback(lambda _, key=key: self._with_cut.pop(key, None))
 
     async def stop(self) -> None:
         """Cancel the seals begun for receipts that came with a cut (each attempt stays ``sealing``: a
@@ -121,6 +120,8 @@ class Receipts:
             log.warning(
                 "seal_with_cut_failed", rollout_id=receipt.rollout_id, attempt=receipt.attempt, error=str(exc)
             )
+        finally:
+            self._with_cut.pop((receipt.rollout_id, receipt.attempt), None)
 
     async def completed(self, receipt: Completed) -> None:
         key = (receipt.rollout_id, receipt.attempt)
