@@ -93,6 +93,7 @@ async def test_a_json_command_from_pika_is_accepted_and_answered(spawn, client, 
         "episodes": [],
         "base": "",  # a whole cut (only an agent's answer may name what changed since a base)
         "gone": [],
+        "receipts": [],  # (an agent's: its receipts not yet acknowledged)
     }
     resumed = pika_request(
         amqp_url,
