@@ -195,8 +195,8 @@ class Controller(Actor):
         with anyio.move_on_after(timeout_s):
             await self._wake.wait()
 
-    def receipts_with_cut(self, replica: int, receipts: tuple[Completed, ...]) -> int:
-        return self.receipts.with_cut(replica, (r for r in receipts if r.epoch >= self.timeline()))
+    def receipts_with_cut(self, replica: int, receipts: tuple[Completed, ...]) -> None:
+        self.receipts.with_cut(replica, (r for r in receipts if r.epoch >= self.timeline()))
 
     def export_ledger(self) -> LedgerFile:
         return LedgerFile(ledger=self.state.ledger.export(), controller=self.state.anchor(self.counts))

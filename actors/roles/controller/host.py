@@ -78,8 +78,8 @@ class SnapshotHost(Protocol):
         """Return when a receipt (or anything else) changed the ledger, or after ``timeout_s``."""
         ...
 
-    def receipts_with_cut(self, replica: int, receipts: tuple[Completed, ...]) -> int:
-        """Take the receipts an agent's Prepared carried as arrived; how many changed the ledger."""
+    def receipts_with_cut(self, replica: int, receipts: tuple[Completed, ...]) -> None:
+        """Take the receipts an agent's Prepared carried as arrived (those it may: ``Receipts.with_cut``)."""
         ...
 
     def export_ledger(self) -> LedgerFile:

@@ -68,34 +68,39 @@ class Receipts:
         self._outbox.acknowledge(key, receipt.replica)
         self._wake()
 
-    def with_cut(self, replica: int, receipts: Iterable[Completed]) -> int:
+    def with_cut(self, replica: int, receipts: Iterable[Completed]) -> None:
         """Receipts agent ``replica``'s Prepared carried (sent, not yet acknowledged): each of an attempt
         still dispatched to that agent is taken as arrived, now: ``sealing`` in the ledger, so a
         snapshot's drain does not wait for its copy on the wire. Its seal starts when admission reopens
         (``seal_with_cut``), or with that copy if it comes first; a copy that comes while the seal is
         under way waits for it, and is then a duplicate. Any other (already arrived, given up on, of
-        another replica) changes nothing: its copy on the wire is handled as ever. How many were taken."""
-        ledger, taken = self._state.ledger, 0
+        another replica) changes nothing: its copy on the wire is handled as ever."""
+        ledger = self._state.ledger
         for receipt in receipts:
             if not ledger.knows(receipt.rollout_id):
                 continue
             sibling = ledger.sibling(receipt.rollout_id)
             target = sibling.attempts[receipt.attempt] if receipt.attempt < len(sibling.attempts) else None
-            if target is None or target is not sibling.current or target.replica != replica:
+            if (
+                target is None
+                or target is not sibling.current
+                or target.replica != replica
+                or target.state is not AttemptState.DISPATCHED
+            ):
                 continue
-            if target.state is not AttemptState.DISPATCHED:
-                continue
-            ledger.receive(
-                receipt.rollout_id,
-                receipt.attempt,
-                reward=receipt.reward,
-                turns=receipt.turns,
-                staging_keys=receipt.staging_keys,
-            )
+            self._receive(receipt)
             self._carried[(receipt.rollout_id, receipt.attempt)] = receipt
-            taken += 1
-        self._counts["receipts_with_cut"] += taken
-        return taken
+            self._counts["receipts_with_cut"] += 1
+
+    def _receive(self, receipt: Completed) -> None:
+        """The attempt ``sealing`` in the ledger, with what its seal needs (its agent is done with it)."""
+        self._state.ledger.receive(
+            receipt.rollout_id,
+            receipt.attempt,
+            reward=receipt.reward,
+            turns=receipt.turns,
+            staging_keys=receipt.staging_keys,
+        )
 
     def seal_with_cut(self) -> None:
         """Start the seals of the receipts taken with a cut, as admission reopens (a seal is a round trip
@@ -156,13 +161,7 @@ class Receipts:
         target = sibling.attempts[receipt.attempt]
         if target is sibling.current and target.state in (AttemptState.DISPATCHED, AttemptState.SEALING):
             if target.state is AttemptState.DISPATCHED:
-                ledger.receive(
-                    receipt.rollout_id,
-                    receipt.attempt,
-                    reward=receipt.reward,
-                    turns=receipt.turns,
-                    staging_keys=receipt.staging_keys,
-                )
+                self._receive(receipt)
                 self._wake()  # a snapshot's drain waits for receipts to arrive, not for their seals
             # Canonical rows first: a group the ledger settles must be readable by the trainer.
             if not await self._seal_rows(receipt):
