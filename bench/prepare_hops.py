@@ -16,6 +16,9 @@ For each agent's ``Prepare`` in each snapshot, the round trip in five parts (ms)
 
 and ``rest``: from the last reply opened to the step's end. Snapshots more than 30 s apart are
 different benchmark points (each point is a cluster of its own); each point's medians are printed.
+``--each`` prints every snapshot instead, with what the slowest agent finished (its spans of any
+trace: turns, model and tool calls) while its ``Prepare`` was queued: the data work its event loop
+ran ahead of the command.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +35,25 @@ PARTS = ("out", "queued", "handled", "after", "back", "rest", "step")
 POINT_GAP_S = 30.0
 
 
+@dataclass(frozen=True)
+class Slowest:
+    """One snapshot's prepare step: its start, the parts of the agent whose reply came last, that
+    agent, and when its ``Prepare`` was queued (from the controller's publish to its handler)."""
+
+    at: float
+    parts: dict[str, float]
+    agent: str
+    queued_from: float
+    queued_to: float
+
+
 def hops(records: list[dict[str, Any]]) -> list[tuple[float, dict[str, float]]]:
     """(the step's start, the slowest agent's parts) for every snapshot's prepare step in ``records``."""
+    return [(s.at, s.parts) for s in slowest(records)]
+
+
+def slowest(records: list[dict[str, Any]]) -> list[Slowest]:
+    """Every snapshot's prepare step in ``records``, with its slowest agent, in time order."""
     by_trace: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         if record.get("event") == "span":
@@ -64,16 +85,33 @@ def hops(records: list[dict[str, Any]]) -> list[tuple[float, dict[str, float]]]:
                     "after": back["start"] - h["end"],
                     "back": back["end"] - back["start"],
                     "end": back["end"],
+                    "agent": agent,
+                    "queued_from": q["start"],
+                    "queued_to": q["end"],
                 }
             )
         if not per_agent:
             continue
-        slowest = max(per_agent, key=lambda p: p["end"])
-        parts = {k: v for k, v in slowest.items() if k != "end"}
+        last = max(per_agent, key=lambda p: p["end"])
+        parts = {k: last[k] for k in PARTS[:5]}
         parts["rest"] = t1 - last_back
         parts["step"] = t1 - t0
-        found.append((t0, parts))
-    return sorted(found, key=lambda f: f[0])
+        found.append(Slowest(t0, parts, last["agent"], last["queued_from"], last["queued_to"]))
+    return sorted(found, key=lambda f: f.at)
+
+
+def work_while_queued(records: list[dict[str, Any]], step: Slowest) -> Counter[str]:
+    """What the slowest agent finished while its ``Prepare`` was queued: its spans (any trace) that
+    ended in that interval, by kind (``turn``, ``tool call``, ``model call``...): the work its loop
+    ran ahead of the command."""
+    done: Counter[str] = Counter()
+    for record in records:
+        if record.get("event") != "span" or record["attrs"].get("parkway.actor") != step.agent:
+            continue
+        if "Prepare" in record["name"] or not step.queued_from <= record["end"] <= step.queued_to:
+            continue
+        done[" ".join(w for w in record["name"].split() if not any(c.isdigit() for c in w))] += 1
+    return done
 
 
 def points(found: list[tuple[float, dict[str, float]]]) -> list[list[dict[str, float]]]:
@@ -90,8 +128,20 @@ def points(found: list[tuple[float, dict[str, float]]]) -> list[list[dict[str, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path, help="span files (PARKWAY_TRACE_FILE)")
+    parser.add_argument(
+        "--each",
+        action="store_true",
+        help="every snapshot on a line of its own, with what the slowest agent finished while its "
+        "Prepare was queued",
+    )
     args = parser.parse_args()
     records = [json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.strip()]
+    if args.each:
+        for step in slowest(records):
+            parts = "  ".join(f"{p} {1000 * step.parts[p]:.1f}" for p in PARTS)
+            work = ", ".join(f"{n} {kind}" for kind, n in work_while_queued(records, step).most_common())
+            print(f"{step.agent}  {parts}  (ms); finished while queued: {work or 'nothing'}")
+        return
     groups = points(hops(records))
     if not groups:
         raise SystemExit("no prepare step with its agents' spans in these files (was tracing on?)")

@@ -71,3 +71,23 @@ def test_a_step_without_its_agents_spans_is_left_out() -> None:
     t = 1_796_552_105.0
     lone = [span("x", "prepare", "controller/0", t, t + 0.010)]
     assert prepare_hops.hops(lone) == []
+
+
+def test_what_the_slowest_agent_finished_while_its_prepare_was_queued() -> None:
+    t = 1_796_552_105.0
+    records = snapshot("a", t, 0.008)  # agent/1's Prepare queued from t+2 ms to t+6 ms
+    at = {"parkway.actor": "agent/1"}
+    records += [
+        span("r1", "turn 7", "agent/1", t - 0.5, t + 0.003, **at),  # ended while queued: counted
+        span("r1", "tool call 7", "agent/1", t - 0.1, t + 0.004, **at),
+        span("r2", "turn 3", "agent/1", t - 0.5, t + 0.005, **at),
+        span("r2", "turn 4", "agent/1", t + 0.005, t + 0.050, **at),  # ended after its handler began
+        span("r3", "turn 2", "agent/0", t - 0.5, t + 0.003, **{"parkway.actor": "agent/0"}),  # another agent
+    ]
+    [step] = prepare_hops.slowest(records)
+    assert (step.agent, step.queued_from - t, step.queued_to - t) == (
+        "agent/1",
+        pytest.approx(0.002, abs=1e-6),
+        pytest.approx(0.006, abs=1e-6),
+    )
+    assert prepare_hops.work_while_queued(records, step) == {"turn": 2, "tool call": 1}
