@@ -4,7 +4,6 @@ and ``parkway demo`` (the seed pages' example under two recovery levels)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from parkway.actors.runtime.settings import RunSettings, SettingsError
 from parkway.actors.sdk.plugins import PluginError
 from parkway.actors.storage.select import SnapshotInvalid
 from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
-from parkway.brokers import connect
+from parkway.brokers import connect, priority
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.snapshot import SnapshotFailure
@@ -101,7 +100,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 )
 
     try:
-        summary = asyncio.run(go())
+        summary = priority.run(go())
     except Unauthorized as exc:  # the actors refuse everything this driver signs: exit 2 at once
         print(f"parkway: unauthorized: {exc}", file=sys.stderr)
         return 2
@@ -143,7 +142,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     configure_logging(level="warning")
     line = _progress_line(args)
-    results = asyncio.run(run_demo(progress_line=line))
+    results = priority.run(run_demo(progress_line=line))
     if args.json:
         print_json(
             [
