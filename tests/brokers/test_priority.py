@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 from parkway.brokers import priority
-from parkway.brokers.base import Broker, Delivery, Envelope, Lane
+from parkway.brokers.base import Delivery, Envelope, Lane
 from parkway.brokers.memory import MemoryBroker, MemoryHub
 
 T = TypeVar("T")
@@ -118,33 +118,38 @@ def test_an_exception_in_an_urgent_callback_goes_to_the_handler_and_the_loop_goe
     assert on_priority_loop(main()) == ["boom", "after"]
 
 
-async def urgency_by_lane(broker: Broker) -> dict[Lane, bool]:
-    """One message on each lane of ``agent/0`` (the data one published from an urgent context: the
-    lane decides, not the publisher), and whether each handler ran urgent; then the consumers are
-    cancelled, which must come back."""
-    seen: dict[Lane, bool] = {}
-    both = asyncio.Event()
-    async with broker:
-        await broker.declare("agent/0")
-
-        async def handler(delivery: Delivery) -> None:
-            seen[delivery.lane] = priority.URGENT.get()
-            await delivery.ack()
-            if len(seen) == 2:
-                both.set()
-
-        consumers = await broker.consume_lanes("agent/0", handler, prefetch={Lane.DATA: 4, Lane.CONTROL: 4})
-        with priority.Urgency():
-            await broker.publish("agent/0", Envelope(b"x", "application/msgpack", "run-1"), lane=Lane.DATA)
-        await broker.publish("agent/0", Envelope(b"y", "application/msgpack", "ck-1"), lane=Lane.CONTROL)
-        await asyncio.wait_for(both.wait(), 30)
-        await asyncio.wait_for(consumers.cancel(), 30)
-    return seen
-
-
 def test_a_control_delivery_is_handled_urgent_and_a_data_delivery_is_not() -> None:
-    broker = MemoryBroker(MemoryHub(), "priority-test")
-    assert on_priority_loop(urgency_by_lane(broker)) == {Lane.DATA: False, Lane.CONTROL: True}
+    async def main() -> dict[Lane, bool]:
+        seen: dict[Lane, bool] = {}
+        both = asyncio.Event()
+        async with MemoryBroker(MemoryHub(), "priority-test") as broker:
+            await broker.declare("agent/0")
+
+            async def handler(delivery: Delivery) -> None:
+                seen[delivery.lane] = priority.URGENT.get()
+                await delivery.ack()
+                if len(seen) == 2:
+                    both.set()
+
+            consumers = await broker.consume_lanes(
+                "agent/0", handler, prefetch={Lane.DATA: 4, Lane.CONTROL: 4}
+            )
+            with priority.Urgency():  # whatever the publisher's context, the lane decides
+                await broker.publish(
+                    "agent/0",
+                    Envelope(body=b"x", content_type="application/msgpack", correlation_id="run-1"),
+                    lane=Lane.DATA,
+                )
+            await broker.publish(
+                "agent/0",
+                Envelope(body=b"y", content_type="application/msgpack", correlation_id="ck-1"),
+                lane=Lane.CONTROL,
+            )
+            await asyncio.wait_for(both.wait(), 5)
+            await consumers.cancel()
+        return seen
+
+    assert on_priority_loop(main()) == {Lane.DATA: False, Lane.CONTROL: True}
 
 
 def test_urgency_ends_where_it_is_ended() -> None:
@@ -170,5 +175,26 @@ def test_over_rabbitmq_the_lane_decides_and_consumers_still_close(
     from parkway.brokers.rabbitmq import RabbitBroker
 
     rabbit_cleanup(run_name, ["agent/0"])
-    broker = RabbitBroker(amqp_url, run_name)
-    assert on_priority_loop(urgency_by_lane(broker)) == {Lane.DATA: False, Lane.CONTROL: True}
+
+    async def main() -> dict[Lane, bool]:
+        seen: dict[Lane, bool] = {}
+        both = asyncio.Event()
+        async with RabbitBroker(amqp_url, run_name) as broker:
+            await broker.declare("agent/0")
+
+            async def handler(delivery: Delivery) -> None:
+                seen[delivery.lane] = priority.URGENT.get()
+                await delivery.ack()
+                if len(seen) == 2:
+                    both.set()
+
+            consumers = await broker.consume_lanes(
+                "agent/0", handler, prefetch={Lane.DATA: 4, Lane.CONTROL: 4}
+            )
+            await broker.publish("agent/0", Envelope(b"x", "application/msgpack", "run-1"), lane=Lane.DATA)
+            await broker.publish("agent/0", Envelope(b"y", "application/msgpack", "ck-1"), lane=Lane.CONTROL)
+            await asyncio.wait_for(both.wait(), 30)
+            await asyncio.wait_for(consumers.cancel(), 30)
+        return seen
+
+    assert on_priority_loop(main()) == {Lane.DATA: False, Lane.CONTROL: True}
