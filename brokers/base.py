@@ -41,7 +41,6 @@ from enum import StrEnum
 from typing import Any
 
 import anyio
-from parkway.brokers import priority
 
 DEAD_LETTER_MAX_LENGTH_ENV = "PARKWAY_DEAD_LETTER_MAX_LENGTH"
 DEAD_LETTER_MAX_AGE_ENV = "PARKWAY_DEAD_LETTER_MAX_AGE_S"
@@ -209,12 +208,7 @@ class Consumer:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _start(self, delivery: Delivery) -> None:
-        # A control command's handler runs ahead of data work (``priority``); a data delivery's does
-        # not, though the connection's reader that received it is urgent.
-        urgent = delivery.lane is Lane.CONTROL
-        task = asyncio.get_running_loop().create_task(
-            self._handler(delivery), context=priority.context(urgent)
-        )
+        task = asyncio.get_running_loop().create_task(self._handler(delivery))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

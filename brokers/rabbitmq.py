@@ -72,12 +72,10 @@ from aio_pika.abc import (
     AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
-    AbstractRobustChannel,
     AbstractRobustConnection,
     FieldValue,
     HeadersType,
 )
-from parkway.brokers import priority
 from parkway.brokers.base import (
     Broker,
     BrokerError,
@@ -156,17 +154,6 @@ def _message(envelope: Envelope) -> aio_pika.Message:
     )
 
 
-async def _plain_channel(connection: AbstractRobustConnection, **kwargs: Any) -> AbstractRobustChannel:
-    """A confirming channel that publishes (requests, replies), in plain order whoever opens it
-    (``priority``): no window waits for its confirms, and its reader keeps its callers' order (see
-    ``RabbitBroker.consume``)."""
-
-    async def opened() -> AbstractRobustChannel:
-        return await connection.channel(**kwargs)
-
-    return await asyncio.get_running_loop().create_task(opened(), context=priority.context(False))
-
-
 class _RabbitDelivery(Delivery):
     def __init__(self, message: AbstractIncomingMessage, address: str, lane: Lane) -> None:
         super().__init__(
@@ -196,10 +183,7 @@ class _RabbitConsumer(Consumer):
 
     async def _close_transport(self) -> None:
         if not self.channel.is_closed:
-            await priority.urgently(self._close_channel())  # in the order of its reader (``consume``)
-
-    async def _close_channel(self) -> None:
-        await self.channel.close()
+            await self.channel.close()
 
 
 class RabbitBroker(Broker):
@@ -271,15 +255,12 @@ class RabbitBroker(Broker):
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        await priority.urgently(self._start())  # the connection's reader and writer: urgent (``priority``)
-
-    async def _start(self) -> None:
         self._connection, url = await connect_first(
             self.urls, self.connection_name, wait_s=self.connect_wait_s
         )
         self._connection.reconnect_callbacks.add(self._on_reconnect)
         self._failover = NodeFailover(self._connection, self.urls, url)
-        channel = await _plain_channel(self._connection, publisher_confirms=True, on_return_raises=True)
+        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._channel = channel
         for lane in Lane:
             self._exchanges[lane] = await channel.declare_exchange(
@@ -465,7 +446,7 @@ class RabbitBroker(Broker):
             if channel is not None and not channel.is_closed:
                 return channel
             await self._connection.connected.wait()
-            channel = await _plain_channel(self._connection, publisher_confirms=True)
+            channel = await self._connection.channel(publisher_confirms=True)
             self._reply_channel = channel
             return channel
 
@@ -481,12 +462,6 @@ class RabbitBroker(Broker):
         self, address: str, handler: DeliveryHandler, *, prefetch: int = 16, lane: Lane = Lane.DATA
     ) -> Consumer:
         assert self._connection is not None, "broker not started"
-        # Urgent, all of it: the channel's reader (a control command's first hops, ``priority``) and its
-        # calls, close included, in one order (a close behind a reader running ahead of it hung 60 s).
-        return await priority.urgently(self._consume(address, handler, prefetch, lane))
-
-    async def _consume(self, address: str, handler: DeliveryHandler, prefetch: int, lane: Lane) -> Consumer:
-        assert self._connection is not None
         channel = await self._connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=prefetch)
         try:

@@ -33,7 +33,6 @@ from parkway.actors.runtime import tracing
 from parkway.actors.runtime.memory import trim_heap
 from parkway.actors.storage.publish import prune, publish, write_ledger_file
 from parkway.actors.storage.runs import RunDirectory
-from parkway.brokers import priority
 from parkway.brokers.base import Lane
 from parkway.protocol.anchor import LedgerFile
 from parkway.protocol.history import (
@@ -149,7 +148,8 @@ class SaveSequence:
         self.host, self.config, self.run = host, config, run
         self.participants, self.metrics, self.config_fingerprint = participants, metrics, config_fingerprint
         self.last_progress: Progress | None = None
-        self.base: str | None = None  # the newest snapshot published: participants link from it
+        # The newest snapshot this controller published: participants link from it what did not change.
+        self.base: str | None = None
         self.on_published: Callable[[Published], None] | None = None  # a test hook
         self.aborting: asyncio.Task[None] | None = None  # the last aborted snapshot's abort round
         self.scopes = scopes.DispatchedScopes()
@@ -196,12 +196,10 @@ class SaveSequence:
         with (
             structlog.contextvars.bound_contextvars(checkpoint_id=cid),
             tracing.snapshot(cid, kind="snapshot", seq=seq),
-            priority.Urgency() as urgency,  # the window ahead of the controller's data work (receipts)
         ):
             current = SAVE_SEQUENCE[0].name
             try:
                 for step in SAVE_SEQUENCE:
-                    urgency.end_if(host.gate_open and step is not SAVE_SEQUENCE[0])  # (admission reopened)
                     current = step.name
                     t0 = time.perf_counter()
                     host.faults.reach(f"save_{step.name.value}")
@@ -223,7 +221,8 @@ class SaveSequence:
                 await self._failed(attempt, current, failure)
                 raise
             except asyncio.CancelledError:
-                # Cut off mid-way (the run ends on an error): the abort goes out in the background.
+                # Cut off mid-way (the run ends on an error): its participants still hear the abort,
+                # in the background, and the run's teardown settles that round.
                 if save_failure_aborts(current):
                     self._abort_decided(attempt, SnapshotFailure(current.value, "cancelled", transient=True))
                 raise

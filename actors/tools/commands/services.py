@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 
@@ -23,7 +24,7 @@ from parkway.actors.tools.commands.options import (
     parse_topology,
     topology_text,
 )
-from parkway.brokers import connect, priority
+from parkway.brokers import connect
 from parkway.brokers.urls import redact_url
 from parkway.protocol.ids import new_checkpoint_id
 from parkway.protocol.messages import Probe
@@ -99,7 +100,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
                 metrics_port=settings.metrics_port,
             )
 
-    priority.run(go())
+    asyncio.run(go())
     return 0
 
 
@@ -128,5 +129,5 @@ def _cmd_actor(args: argparse.Namespace) -> int:
             )
             await serve(broker, [actor], metrics_port=settings.metrics_port)
 
-    priority.run(go())
+    asyncio.run(go())
     return 0

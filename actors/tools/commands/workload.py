@@ -4,6 +4,7 @@ and ``parkway demo`` (the seed pages' example under two recovery levels)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from parkway.actors.runtime.settings import RunSettings, SettingsError
 from parkway.actors.sdk.plugins import PluginError
 from parkway.actors.storage.select import SnapshotInvalid
 from parkway.actors.tools.commands.options import Subcommands, common, metrics, print_json, progress_option
-from parkway.brokers import connect, priority
+from parkway.brokers import connect
 from parkway.brokers.base import BrokerError
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.snapshot import SnapshotFailure
@@ -100,7 +101,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 )
 
     try:
-        summary = priority.run(go())
+        summary = asyncio.run(go())
     except Unauthorized as exc:  # the actors refuse everything this driver signs: exit 2 at once
         print(f"parkway: unauthorized: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +143,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     configure_logging(level="warning")
     line = _progress_line(args)
-    results = priority.run(run_demo(progress_line=line))
+    results = asyncio.run(run_demo(progress_line=line))
     if args.json:
         print_json(
             [
