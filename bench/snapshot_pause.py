@@ -68,7 +68,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -442,22 +442,12 @@ def builds_compared(baseline: str | None) -> list[tuple[str, str | None]]:
     return [("", os.environ.get("PYTHONPATH", "")), ("@baseline", os.path.abspath(baseline))]
 
 
-def run_loop(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    """Run ``main`` on the loop the build's actor processes run on (the controller is in this one):
-    ``parkway.brokers.priority``'s, or plain asyncio for a baseline build from before it."""
-    from parkway.brokers import base
-
-    if not hasattr(base, "priority"):  # (asked of the build's own broker: an editable install's
-        return asyncio.run(main)  # finder may resolve a module the build lacks to another checkout)
-    return base.priority.run(main)
-
-
 def run_point(
     variant: Variant, mode: str, args: argparse.Namespace, pythonpath: str | None
 ) -> dict[str, Any]:
     """One point: here, or in a process of its own that imports ``parkway`` from ``pythonpath``."""
     if pythonpath is None:
-        return run_loop(measure(variant, mode, args))
+        return asyncio.run(measure(variant, mode, args))
     with tempfile.TemporaryDirectory(prefix="parkway-point-") as tmp:
         out = _Path(tmp) / "point.json"
         command = [
@@ -645,7 +635,7 @@ def main() -> None:
     if args.point_out:
         [variant] = [parse_variant(v, tool_delay_s=args.tool_delay, turns=args.turns) for v in args.variants]
         [mode] = args.modes
-        point = run_loop(measure(variant, mode, args))
+        point = asyncio.run(measure(variant, mode, args))
         _Path(args.point_out).write_text(json.dumps(point))
         return
     if args.quick:
