@@ -388,9 +388,9 @@ class SaveSequence:
         attempt.captured = self.host.export_ledger()
         attempt.captured_dispatched = dispatched = self.host.ledger.dispatched()
         self.host.history.record(LedgerCaptured(checkpoint_id=cid, seals=self.host.seals))
-        # An attempt its agent cut that the controller has given up on since (its group is redone: a
-        # sibling's failure was drained) is not kept: the cut holds exactly the attempts dispatched.
-        cut = scopes.kept(attempt.cut, dispatched, self.host.ledger)
+        # An attempt its agent cut that the controller has given up on since (its group is redone) or
+        # never dispatched is not kept: the cut holds exactly the attempts dispatched.
+        cut = scopes.kept(attempt.cut, dispatched, self.host.ledger, self.host.counts)
         attempt.episodes = {(e.rollout_id, e.attempt) for e in cut}
         attempt.cut = list(cut)
         # (A restart-only server's rollouts are its agents' too: in the cuts and the ledger alike.)

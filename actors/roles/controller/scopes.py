@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
+import structlog
 from parkway.protocol.cut_changes import CutChangeError, CutRefs, applied, refs_of
 from parkway.protocol.ids import Role, actor_address, parse_address
 from parkway.protocol.ledger import AttemptState, Ledger
@@ -12,6 +14,9 @@ from parkway.protocol.snapshot import SnapshotFailure
 
 # Ledger states of an attempt the controller gave up on: a cut does not keep it.
 GIVEN_UP = frozenset({AttemptState.FAILED, AttemptState.ABANDONED, AttemptState.RETIRED})
+FOREIGN_NAMED = 10  # a warning names this many of the foreign attempts of one cut
+
+log = structlog.get_logger("parkway.snapshots")
 
 
 class DispatchedScopes:
@@ -99,10 +104,25 @@ def given_up(ledger: Ledger, episode: EpisodeRef) -> bool:
     return episode.attempt < len(attempts) and attempts[episode.attempt].state in GIVEN_UP
 
 
-def kept(cut: list[EpisodeRef], dispatched: set[tuple[str, int]], ledger: Ledger) -> tuple[EpisodeRef, ...]:
+def kept(
+    cut: list[EpisodeRef], dispatched: set[tuple[str, int]], ledger: Ledger, counts: Counter[str]
+) -> tuple[EpisodeRef, ...]:
     """The episodes of the agents' cuts a snapshot keeps: all but those the controller has given up on
-    since they were cut (their group is redone: a sibling's failure was drained)."""
-    return tuple(e for e in cut if (e.rollout_id, e.attempt) in dispatched or not given_up(ledger, e))
+    since they were cut (their group is redone: a sibling's failure was drained), and those of rollouts
+    this controller never dispatched. A Run from elsewhere (an operator's, a script's) runs on its agent
+    like any other, but no ledger awaits it and no restore would name it: it is left out of the
+    snapshot, counted (``cut_foreign``) and named in a warning, not an invariant broken that would end
+    the run's snapshots. A rollout the ledger knows is checked strictly (``episode_mismatch``)."""
+    foreign = [e for e in cut if not ledger.knows(e.rollout_id)]
+    if foreign:
+        counts["cut_foreign"] += len(foreign)
+        named = [f"{e.rollout_id}@{e.attempt} on agent/{e.replica}" for e in foreign[:FOREIGN_NAMED]]
+        log.warning("foreign_attempts_in_cut", count=len(foreign), attempts=named)
+    return tuple(
+        e
+        for e in cut
+        if ledger.knows(e.rollout_id) and ((e.rollout_id, e.attempt) in dispatched or not given_up(ledger, e))
+    )
 
 
 def commit_scope(address: str, cut: tuple[EpisodeRef, ...]) -> tuple[EpisodeRef, ...]:
