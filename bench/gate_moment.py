@@ -6,7 +6,8 @@ Reads the per-snapshot records that ``bench/snapshot_pause.py`` keeps in its res
 every ``bench/results/snapshot_pause*.json``), takes the snapshots that saved at least
 ``--min-rollouts`` rollouts, and prints, for checks (the ``close_gate`` step) over each quantile, how
 often the window that followed was in the slowest tenth of all those windows. Reads files only;
-it runs nothing. Why it matters: docs/snapshots.md#the-moment-the-gate-closes.
+it runs nothing. What it found, and what was tried with it: docs/benchmarks.md, "A snapshot's gate
+closed after a quiet progress check".
 """
 
 from __future__ import annotations

@@ -296,8 +296,6 @@ def summarize(records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
         "rollouts_saved_p50": statistics.median([r.get("rollouts", 0) for r in records]) if records else 0,
         "pause_ms": percentiles(pause),
         "drained": len(pause) - len(undrained),
-        # Snapshots whose gate closed after a second progress check or later (controller/quiet.py).
-        "checked_again": sum(1 for r in records if r.get("progress_checks", 1) > 1),
         "pause_undrained_ms": percentiles(undrained) if undrained else None,
         "park_wait_ms": percentiles(waits) if waits else None,
         "pause_without_park_wait_ms": percentiles(
@@ -361,7 +359,6 @@ def aggregate(
                     "pause_p95_ms_by_round": {p["round"]: p["pause_ms"]["p95"] for p in mine},
                     # Snapshots that waited over DRAINED_MS for receipts, and the p95 of the others.
                     "drained": sum(p.get("drained", 0) for p in mine),
-                    "checked_again": sum(p.get("checked_again", 0) for p in mine),
                     "pause_p95_undrained_ms": median_or_none(
                         [p["pause_undrained_ms"]["p95"] for p in mine if p.get("pause_undrained_ms")]
                     ),
@@ -487,7 +484,6 @@ def table(rows: list[dict[str, Any]]) -> str:
         "p95",
         "p95 per round",
         "drained",
-        "checked again",
         "p95 undrained",
         "park wait p50",
         "without p50",
@@ -509,7 +505,6 @@ def table(rows: list[dict[str, Any]]) -> str:
             ms(r["pause_p95_ms"]),
             " ".join(f"{v:.0f}" for v in r["pause_p95_ms_by_round"].values()),
             r.get("drained", "-"),
-            r.get("checked_again", "-"),
             ms(r.get("pause_p95_undrained_ms")),
             ms(r["park_wait_p50_ms"]),
             ms(r["without_park_wait_p50_ms"]),

@@ -130,10 +130,6 @@ class SnapshotsConfig(_Section, frozen=True):
     backoff_max_s: float = (
         300.0  # the longest wait between attempts after failures (doubling from the interval)
     )
-    # The moment the gate closes (actors/roles/controller/quiet.py): after a progress check that came
-    # back fast, checking again at most this many times in all and for at most this long.
-    quiet_checks: int = 4
-    quiet_max_wait_s: float = 0.5
 
 
 class TopologyConfig(_Section, frozen=True):
@@ -327,11 +323,6 @@ def check(config: RunConfig) -> None:
         )
     if failures.backoff_max_s <= 0:
         problems.append(f"snapshots.backoff_max_s: must be > 0, got {failures.backoff_max_s}")
-    if failures.quiet_checks < 1 or failures.quiet_max_wait_s < 0:
-        problems.append(
-            f"snapshots.quiet_checks: must be >= 1 (1: no second check), got {failures.quiet_checks}; "
-            f"snapshots.quiet_max_wait_s: must be >= 0, got {failures.quiet_max_wait_s}"
-        )
     if config.policy.engine == "vllm" and not config.policy.model:
         problems.append(
             "policy.model: the vllm engine needs a model directory (parkway model build DIR makes one)"

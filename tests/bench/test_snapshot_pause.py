@@ -91,12 +91,6 @@ def test_snapshots_that_waited_for_receipts_are_counted_apart() -> None:
     assert none_left["drained"] == 1 and none_left["pause_undrained_ms"] is None
 
 
-def test_snapshots_whose_gate_waited_for_a_quiet_check_are_counted() -> None:
-    records = [{**record(10.0, {"close_gate": 5.0}), "progress_checks": n} for n in (1, 1, 2, 4)]
-    records.append(record(10.0, {"close_gate": 5.0}))  # a build that records no checks: one
-    assert bench.summarize(records, failed=0)["checked_again"] == 2
-
-
 def point(name: str, round_index: int, p95: float, steps: dict[str, float]) -> dict[str, Any]:
     made = bench.summarize([record(p95 / 2, steps), record(p95, steps)], failed=0)
     made["pause_ms"]["p95"] = p95  # the figure the ratios are made of, exactly

@@ -34,7 +34,6 @@ class SnapshotRecord(TypedDict):
     bytes_written: int  # of which written by it: the rest are packs linked from the snapshot before
     park_wait_ms: float  # the longest an agent waited for its rollouts to reach a boundary
     steps_ms: dict[str, float]  # each save step's duration
-    progress_checks: int  # progress checks before the gate closed (more than one: it waited for a quiet one)
 
 
 @dataclass

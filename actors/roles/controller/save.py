@@ -27,7 +27,6 @@ from parkway.actors.roles.controller.fingerprints import expected_topology, fing
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
 from parkway.actors.roles.controller.participants import Participants, Sent
-from parkway.actors.roles.controller.quiet import QuietMoment
 from parkway.actors.roles.controller.snapshot_files import check_files
 from parkway.actors.run.config import RunConfig
 from parkway.actors.runtime import tracing
@@ -131,30 +130,9 @@ class SaveAttempt:
     bytes_written: int = 0  # of which written by it (the rest is packs linked from the snapshot before)
     steps_ms: dict[str, float] = field(default_factory=dict)
     progress: Progress | None = None
-    progress_checks: int = 0  # progress checks made before the gate closed (``quiet``)
     skip_reason: str | None = None  # set by the first step when there is nothing to save
     captured: LedgerFile | None = None  # the ledger and anchor at the cut
     published: Published | None = None
-
-
-async def progress(participants: Participants, host: SnapshotHost) -> Progress:
-    """What has moved: the agents' boundaries passed (a ``Status`` round trip to each) and the ledger's
-    counts. A snapshot with nothing new since the last one is skipped."""
-    boundaries = 0
-    for address in participants.replicas(Role.AGENT):
-        reply = await participants.status(address, "progress")
-        if isinstance(reply, StatusReport):
-            boundaries += reply.counts.get("boundaries", 0)
-            host.observe(address, reply)
-    counts = host.counts
-    return (
-        boundaries,
-        counts["attempts_dispatched"],
-        counts["rollouts_sealed"],
-        counts["attempts_failed"],
-        counts["train_steps"],
-        len(host.ledger.groups),
-    )
 
 
 class SaveSequence:
@@ -175,11 +153,27 @@ class SaveSequence:
         self.on_published: Callable[[Published], None] | None = None  # a test hook
         self.aborting: asyncio.Task[None] | None = None  # the last aborted snapshot's abort round
         self.scopes = scopes.DispatchedScopes()
-        self.quiet = QuietMoment(config.snapshots.quiet_checks, config.snapshots.quiet_max_wait_s)
+
+    async def progress(self) -> Progress:
+        boundaries = 0
+        for address in self.participants.replicas(Role.AGENT):
+            reply = await self.participants.status(address, "progress")
+            if isinstance(reply, StatusReport):
+                boundaries += reply.counts.get("boundaries", 0)
+                self.host.observe(address, reply)
+        counts = self.host.counts
+        return (
+            boundaries,
+            counts["attempts_dispatched"],
+            counts["rollouts_sealed"],
+            counts["attempts_failed"],
+            counts["train_steps"],
+            len(self.host.ledger.groups),
+        )
 
     async def remember_progress(self) -> None:
         """What a restore continues from counts as saved: the next snapshot needs movement after it."""
-        self.last_progress = await progress(self.participants, self.host)
+        self.last_progress = await self.progress()
 
     async def save(self, *, force: bool = False, checkpoint_id: str | None = None) -> SaveOutcome:
         """One snapshot attempt. Raises SnapshotFailure. ``force`` takes it even when nothing moved (a
@@ -247,7 +241,6 @@ class SaveSequence:
                 "bytes_written": attempt.bytes_written,
                 "park_wait_ms": round(attempt.park_wait_s * 1000, 3),
                 "steps_ms": attempt.steps_ms,
-                "progress_checks": attempt.progress_checks,
             }
         )
         self.metrics.published += 1
@@ -325,10 +318,7 @@ class SaveSequence:
 
     # -- the steps ------------------------------------------------------------------------------------
     async def close_gate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
-        # Closed after a check that came back fast: not while the agents' loops are backlogged.
-        attempt.progress, attempt.progress_checks = await self.quiet.settle(
-            lambda: progress(self.participants, self.host)
-        )
+        attempt.progress = await self.progress()
         if self.last_progress == attempt.progress and not attempt.force:
             # No boundary passed, no ledger or TQ change: a snapshot would add nothing.
             attempt.skip_reason = "nothing new since the last snapshot"
