@@ -35,11 +35,16 @@ def records_of(paths: list[Path], min_rollouts: int) -> list[tuple[float, float]
     return found
 
 
+def long_from(found: list[tuple[float, float]]) -> float:
+    """The shortest window in the slowest tenth of all windows."""
+    windows = sorted(w for _, w in found)
+    return windows[int(len(windows) * 0.9)]
+
+
 def foretold(found: list[tuple[float, float]]) -> list[dict[str, float]]:
     """Per quantile of the checks: how many windows followed one over it, and the share of those in
     the slowest tenth of all windows."""
-    windows = sorted(w for _, w in found)
-    long_from = windows[int(len(windows) * 0.9)]
+    long = long_from(found)
     checks = sorted(c for c, _ in found)
     rows = []
     for q in QUANTILES:
@@ -50,9 +55,8 @@ def foretold(found: list[tuple[float, float]]) -> list[dict[str, float]]:
                 "quantile": q,
                 "check_over_ms": max(over, 0.0),
                 "windows": len(after),
-                "long_share": sum(w >= long_from for w in after) / len(after) if after else 0.0,
+                "long_share": sum(w >= long for w in after) / len(after) if after else 0.0,
                 "window_p50_ms": statistics.median(after) if after else 0.0,
-                "long_from_ms": long_from,
             }
         )
     return rows
@@ -67,13 +71,10 @@ def main() -> None:
     found = records_of(paths, args.min_rollouts)
     if len(found) < 20:
         raise SystemExit(f"{len(found)} snapshots of >= {args.min_rollouts} rollouts: too few to tell")
-    rows = foretold(found)
-    print(
-        f"{len(found)} snapshots from {len(paths)} files; a long window: >= {rows[0]['long_from_ms']:.1f} ms"
-    )
+    print(f"{len(found)} snapshots from {len(paths)} files; a long window: >= {long_from(found):.1f} ms")
     print("| checks over | ms | windows after | in the slowest tenth | window p50 ms |")
     print("|---|---|---|---|---|")
-    for r in rows:
+    for r in foretold(found):
         label = "all" if not r["quantile"] else f"q{r['quantile']:g}"
         print(
             f"| {label} | {r['check_over_ms']:.1f} | {r['windows']} | {r['long_share']:.2f} "
