@@ -20,8 +20,10 @@ allocated at reservation, +1 per new attempt; the capture key is ``<logical>`` f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 
 import msgspec
 from parkway.protocol.ids import capture_key, rollout_id
@@ -147,7 +149,7 @@ class Group:
 
 
 # The states the ledger keeps an index of (``Ledger._live``): what runs, what is being sealed, and what
-# was given up on and may still run on an agent (retired inside every snapshot's window).
+# was given up on and may still run on an agent (retired at every snapshot's first step).
 _INDEXED = (AttemptState.DISPATCHED, AttemptState.SEALING, AttemptState.ABANDONED)
 # A prompt_group redo abandons every sibling's current attempt but the failed and the given up.
 _ABANDONABLE = (AttemptState.RESERVED, AttemptState.DISPATCHED, AttemptState.SEALING, AttemptState.SEALED)
@@ -176,13 +178,17 @@ class Ledger:
         self.max_attempts = max_attempts
         self.groups: dict[str, Group] = {}
         self._siblings: dict[str, tuple[Group, Sibling]] = {}
-        # The attempts running, sealing and abandoned, kept at every move: the snapshot's window and each
+        # The attempts running, sealing and abandoned, kept at every move: a snapshot's steps and each
         # dispatch ask for them, and a scan of the whole ledger each time grew with the rollouts in flight.
         self._live: dict[AttemptState, dict[tuple[str, int], tuple[Sibling, Attempt]]] = {
             state: {} for state in _INDEXED
         }
+        # Each running attempt's place in the order of dispatches: a snapshot's instant notes only how
+        # many there were (``dispatch_mark``), and the attempts running at it are read off after.
+        self._dispatches = 0
+        self._dispatch_order: dict[tuple[str, int], int] = {}
         # Each group as the last export encoded it, and the groups changed since: a snapshot copies the
-        # ledger inside its window, and encodes again only the groups that moved, not every one held.
+        # ledger at its capture, and encodes again only the groups that moved, not every one held.
         # (So every change goes through a method here: one made from outside is not seen by ``export``.)
         self._encoded: dict[str, msgspec.Raw] = {}
         self._changed: set[str] = set()
@@ -348,6 +354,7 @@ class Ledger:
             for a in s.attempts:
                 for live in self._live.values():
                     live.pop((s.rollout_id, a.index), None)
+                self._dispatch_order.pop((s.rollout_id, a.index), None)
         return group
 
     def _current(self, rollout: str, attempt: int) -> Attempt:
@@ -363,6 +370,8 @@ class Ledger:
         attempt.move(event)
         if before in self._live:
             del self._live[before][(sibling.rollout_id, attempt.index)]
+        if before is AttemptState.DISPATCHED:
+            del self._dispatch_order[(sibling.rollout_id, attempt.index)]
         self._track(sibling, attempt)
         self._touch(sibling.rollout_id)
 
@@ -374,6 +383,9 @@ class Ledger:
         """Index the attempt under its state, when that state is one the ledger keeps an index of."""
         if attempt.state in self._live:
             self._live[attempt.state][(sibling.rollout_id, attempt.index)] = (sibling, attempt)
+        if attempt.state is AttemptState.DISPATCHED:
+            self._dispatches += 1
+            self._dispatch_order[(sibling.rollout_id, attempt.index)] = self._dispatches
 
     # -- restore -----------------------------------------------------------------------------------
     def restart_after_restore(
@@ -421,6 +433,24 @@ class Ledger:
     def dispatched(self) -> set[tuple[str, int]]:
         """Attempts running on their agents (not SEALING: those finished there)."""
         return set(self._live[AttemptState.DISPATCHED])
+
+    def running(self) -> Mapping[tuple[str, int], tuple[Sibling, Attempt]]:
+        """The attempts running on their agents, as a read-only view of the ledger's own index (no
+        copy)."""
+        return MappingProxyType(self._live[AttemptState.DISPATCHED])
+
+    def dispatch_mark(self) -> int:
+        """How many times an attempt was dispatched so far (constant time): a snapshot's instant notes
+        it, and the attempts running later are told apart by it (``dispatched_by``, ``dispatched_after``)."""
+        return self._dispatches
+
+    def dispatched_by(self, mark: int) -> set[tuple[str, int]]:
+        """The attempts running now that were dispatched by ``mark`` (``dispatch_mark``)."""
+        return {key for key, n in self._dispatch_order.items() if n <= mark}
+
+    def dispatched_after(self, mark: int) -> set[tuple[str, int]]:
+        """The attempts running now that were dispatched after ``mark``."""
+        return {key for key, n in self._dispatch_order.items() if n > mark}
 
     def dispatched_attempts(self) -> list[tuple[Sibling, Attempt]]:
         """The attempts running on their agents, with their rollouts, in the order they were dispatched

@@ -51,7 +51,9 @@ class ManifestHead(msgspec.Struct, frozen=True, kw_only=True):
     config_fingerprint: Sha256
     topology_fingerprint: Sha256
     episodes: list[Episode]  # the attempts the agents saved, sorted
-    restarts: list[Episode]  # the attempts restart-only participants could not save, sorted
+    # The attempts a restore starts from their prompts, sorted: those restart-only participants could
+    # not save, and those dispatched after the snapshot's instant that no agent's cut holds.
+    restarts: list[Episode]
     # The snapshot's trace id (derived from its checkpoint id: protocol/tracecontext.py); older
     # manifests have none.
     trace_id: Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{32})?$")] = ""

@@ -4,9 +4,8 @@ The tag field is ``type`` (the class name); ``v`` is the schema version. Decodin
 fields, wrong types and unknown tags are refused at the edge (see ``codec``), so handlers only ever
 see plain, valid, typed objects.
 
-Control commands carry the checkpoint id, which is also their AMQP correlation id, and an absolute
-deadline (Unix seconds). Commit and Restore name a snapshot location relative to the participant's
-own snapshot root and the exact episode scope.
+Control commands carry the checkpoint id (their AMQP correlation id too) and an absolute deadline
+(Unix seconds); Commit and Restore name a location in the participant's snapshot root and a scope.
 """
 
 from __future__ import annotations
@@ -153,6 +152,8 @@ class TemporaryLocation(SnapshotCommand, frozen=True, kw_only=True):
 class Commit(TemporaryLocation, frozen=True, kw_only=True):
     """Take the cut: an immutable in-memory copy of the participant's state for exactly ``episodes``
     (a tool server: each session as it was at the episode's ``tools``). Nothing is written yet."""
+
+    left_out: tuple[AttemptRef, ...] = ()  # to TQ: attempts whose rows its cut leaves out (restarted)
 
 
 class Persist(TemporaryLocation, frozen=True, kw_only=True):

@@ -17,17 +17,20 @@ from parkway.protocol.ids import Role
 
 
 class SaveStep(StrEnum):
-    # The admission-closed window: only what a consistent cut needs.
-    CLOSE_GATE = "close_gate"  # stop dispatching Run; rows waiting behind the gate are not running
+    # Before the window: what the agents' cuts need not hold.
     RETIRE = "retire"  # attempts given up on are stopped on their agents
     ACK_DRAIN = "ack_drain"  # every pending ACK goes out, as one batch per agent
-    PREPARE = "prepare"  # every agent at once cuts its rollouts at their boundaries
-    DRAIN_RECEIPTS = "drain_receipts"  # receipts already on the wire seal before the cut
-    CAPTURE = "capture"  # the ledger copied, and TQ's Prepare and Commit sent behind its data: one cut
-    OPEN_GATE = "open_gate"
+    # The admission-closed window: only the cut's instant, one stretch of the event loop with no await
+    # (skipped when nothing moved since the last snapshot: checked first, with admission open).
+    INSTANT = "instant"  # gate closed, the ledger's count of dispatches noted, gate open
     # After the window, with the rollouts running: nothing here holds them but the rollouts of an
     # environment without round copies, and a failure here aborts this snapshot (the one before stays
-    # authoritative), never the run.
+    # authoritative), never the run. A Run dispatched from here on is after the cut: in it if its
+    # agent cut it, started from its prompt by a restore otherwise.
+    PREPARE = "prepare"  # every agent's Prepare: the Runs dispatched to it by the instant
+    PREPARED = "prepared"  # every agent's cut comes back: its rollouts at their boundaries
+    DRAIN_RECEIPTS = "drain_receipts"  # receipts of attempts no cut holds arrive before the copy
+    CAPTURE = "capture"  # the ledger copied, and TQ's Prepare and Commit sent behind its data: one cut
     COMMIT = "commit"  # every other participant takes its cut (a tool server at its agents' boundaries)
     RESUME = "resume"  # participants resume (retried under the same id until all answer)
     PERSIST = "persist"  # every participant writes its cut under tmp_<id>; the ledger is written
@@ -79,17 +82,18 @@ class Step(Generic[StepName]):
 EVERY_PARTICIPANT = stages("agent+policy+resources+tq")
 
 SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
-    Step(SaveStep.CLOSE_GATE),
     Step(SaveStep.RETIRE),
     Step(SaveStep.ACK_DRAIN),
-    # Only the agents hold what the window must wait for: their rollouts' boundaries. The other roles
-    # hold nothing a rollout waits on, so they are prepared and committed after it, each in one go
-    # (they park at once: a Commit right behind the Prepare finds it prepared). TQ's come in the window,
-    # on its data lane: behind the rows the agents' cuts refer to, and at the ledger's instant.
+    # The window is the instant alone: what was dispatched by then is the cut's, and nothing is made,
+    # sent or waited for with admission closed. Only the agents cut at their rollouts' boundaries; the
+    # other roles hold nothing a rollout waits on, so they are prepared and committed after, each in
+    # one go (they park at once: a Commit right behind the Prepare finds it prepared). TQ's come at the
+    # capture, on its data lane: behind the rows the agents' cuts refer to, and at the ledger's instant.
+    Step(SaveStep.INSTANT),
     Step(SaveStep.PREPARE, stages("agent")),
+    Step(SaveStep.PREPARED, stages("agent")),
     Step(SaveStep.DRAIN_RECEIPTS),
     Step(SaveStep.CAPTURE, stages("tq")),
-    Step(SaveStep.OPEN_GATE),
     Step(SaveStep.COMMIT, stages("agent+policy+resources")),
     Step(SaveStep.RESUME, EVERY_PARTICIPANT),
     Step(SaveStep.PERSIST, EVERY_PARTICIPANT),
@@ -100,9 +104,9 @@ SAVE_SEQUENCE: tuple[Step[SaveStep], ...] = (
 # Where a failure no longer aborts: the cut was taken and is released (the rollouts run on from it
 # either way). A failure at any other step aborts the snapshot under its id, and the one before stays
 # authoritative (a publish that fails undoes its rename).
-NOT_ABORTED = frozenset({SaveStep.OPEN_GATE, SaveStep.RESUME})
-# The window ends here: the steps after it run with admission open.
-WINDOW_ENDS = SaveStep.OPEN_GATE
+NOT_ABORTED = frozenset({SaveStep.RESUME})
+# The window begins and ends here (one step): the steps before and after it run with admission open.
+WINDOW_BEGINS, WINDOW_ENDS = SaveStep.INSTANT, SaveStep.INSTANT
 
 RESTORE_SEQUENCE: tuple[Step[RestoreStep], ...] = (
     Step(RestoreStep.END_ORPHANS, stages("agent", "policy", "resources", "tq")),
@@ -135,7 +139,8 @@ def save_failure_aborts(failed_at: SaveStep) -> bool:
 
 def in_window(step: SaveStep) -> bool:
     """Whether ``step`` runs while admission is closed."""
-    return _position(SAVE_SEQUENCE, step) <= _position(SAVE_SEQUENCE, WINDOW_ENDS)
+    at = _position(SAVE_SEQUENCE, step)
+    return _position(SAVE_SEQUENCE, WINDOW_BEGINS) <= at <= _position(SAVE_SEQUENCE, WINDOW_ENDS)
 
 
 def restore_failure_aborts(failed_at: RestoreStep) -> bool:

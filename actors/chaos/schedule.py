@@ -217,7 +217,7 @@ def quick_matrix(*, broker: bool, nodes: bool = False) -> list[Cell]:
         Cell(FaultKind.KILL_CONTROLLER, "after_publish"),
         Cell(FaultKind.KILL_CONTROLLER, "after_restore_agent"),
         Cell(FaultKind.KILL_CLUSTER, "after_commit"),
-        Cell(FaultKind.KILL_CLUSTER, "after_open_gate"),  # the window closed, the cut not yet written
+        Cell(FaultKind.KILL_CLUSTER, "after_instant"),  # the window over, the cut not yet written
         Cell(FaultKind.KILL_ACTOR, "after_reply_sent:Commit"),
         Cell(FaultKind.KILL_ACTOR, BETWEEN),
         Cell(FaultKind.PAUSE_ACTOR, "prepare"),

@@ -153,6 +153,17 @@ class TransferStore:
                     del self.keys[rollout_id]
         return dropped
 
+    def leave_out(self, attempts: tuple[AttemptRef, ...]) -> None:
+        """Drop the rows of ``attempts`` and their count in the lineage (a cut's copy: a restore starts
+        them from their prompts, so generating their turns again repeats nothing it saved)."""
+        for ref in attempts:
+            for turn in self.staging.pop(capture_key(ref.rollout_id, ref.attempt), {}):
+                lineage = (ref.rollout_id, turn)
+                if self.generations[lineage] <= 1:
+                    self.generations.pop(lineage, None)
+                else:
+                    self.generations[lineage] -= 1
+
     def release(self, rollout_ids: tuple[str, ...]) -> int:
         """Drop what the trainer consumed: each rollout's canonical row and the staging rows of all its
         attempts; lineage keeps only the turns generated more than once (``turns_regenerated`` stays
@@ -331,6 +342,7 @@ class TransferQueue(Participant):
         """Every row at this instant. The controller sends this Commit on the data lane, behind the rows
         already sent here: the rows the agents' cuts refer to were sent before those agents prepared."""
         frozen = self.store.frozen()
+        frozen.leave_out(command.left_out)  # (a copy: the live rows stay)
         return Cut(write=lambda d: frozen.save(d, write=self.records.plain, packed=self.records.packed))
 
     async def install_snapshot(self, directory: Path, command: Restore) -> tuple[AttemptRef, ...]:

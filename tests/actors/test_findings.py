@@ -24,7 +24,7 @@ from parkway.protocol.history import AttemptsFenced, Dispatched
 from parkway.protocol.messages import Prepare
 from parkway.protocol.snapshot import episode_mismatch
 
-from tests.support.embedded import embedded_run
+from tests.support.embedded import crash_after, embedded_run
 from tests.support.restores import watch_ends
 
 BASE = {
@@ -60,8 +60,7 @@ async def test_restart_only_servers_never_stall_a_snapshot(tmp_path: Path) -> No
     # rollouts as restarts, the snapshot publishes, and after a crash those rollouts restart from the
     # prompt (sibling behaviour) while the run still completes.
     overrides = {"resources": {"mode": "restart_only"}, "recovery": {"allow_restart_only": True}}
-    with pytest.raises(SimulatedCrash):
-        await run(tmp_path, stop_after=2, **overrides)
+    await crash_after({**BASE, **overrides}, tmp_path)
     resumed = await run(tmp_path, **overrides)
     assert resumed.restores == 1 and resumed.snapshots_failed == 0
     assert resumed.rollouts_restored == 0  # nothing continued: the tool state was not saved
@@ -132,8 +131,7 @@ async def test_a_failed_restore_is_cleaned_up_once_by_one_owner(tmp_path: Path, 
     # NeMo #4500-10: a failed restore resumed participants twice (Gym and RL both cleaned up).
     from parkway.actors.roles.resources import Resources
 
-    with pytest.raises(SimulatedCrash):
-        await run(tmp_path, stop_after=2)
+    await crash_after(BASE, tmp_path)
 
     async def broken(self: Resources, directory: Path, command: object) -> tuple:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "sessions file unreadable")
@@ -185,7 +183,8 @@ async def test_the_stall_watchdog_does_not_count_parked_time(tmp_path: Path, mon
         policy={"host": "inline", "per_token_delay_s": 0.0005},
         snapshot_interval_s=0.05,
     )
-    assert summary.snapshots_published >= 1 and summary.pause_ms["max"] > 600  # parked beyond the timeout
+    # The agents' cuts came back after longer than the stall timeout: parked beyond it.
+    assert summary.snapshots_published >= 1 and summary.snapshot_steps_ms["prepared"] > 600
     assert summary.attempts_failed == 0 and summary.rollouts_sealed == 6
 
 
@@ -394,6 +393,7 @@ async def test_a_run_that_ends_during_a_snapshot_leaves_no_participant_held(
     # prepare before the run stops: the run must finish it, not leave the participants held.
     import asyncio
 
+    from parkway.actors.roles.controller import cut
     from parkway.actors.roles.controller.forget import Forgetting
     from parkway.actors.roles.controller.save import SAVE_STEPS, SaveSequence
     from parkway.protocol.snapshot import SaveStep
@@ -401,17 +401,17 @@ async def test_a_run_that_ends_during_a_snapshot_leaves_no_participant_held(
     record_history(monkeypatch, tmp_path)
     winding_down, prepared = asyncio.Event(), asyncio.Event()
     late = {"id": None}
-    close_gate, prepare, flush = SaveSequence.close_gate, SaveSequence.prepare, Forgetting.flush
+    instant, prepare, flush = cut.instant, cut.prepare, Forgetting.flush
 
     async def flush_while_a_snapshot_prepares(self: Forgetting, *, tries: int = 1) -> None:
         winding_down.set()
         await flush(self, tries=tries)
         await prepared.wait()  # the run stops only once that snapshot is past prepare
 
-    async def close_gate_late(self: SaveSequence, attempt, stages) -> None:
+    async def instant_late(self: SaveSequence, attempt, stages) -> None:
         if winding_down.is_set() and late["id"] is None:
             late["id"], attempt.force = attempt.checkpoint_id, True  # taken although nothing moved
-        await close_gate(self, attempt, stages)
+        await instant(self, attempt, stages)
 
     async def prepare_then_linger(self: SaveSequence, attempt, stages) -> None:
         await prepare(self, attempt, stages)
@@ -420,7 +420,7 @@ async def test_a_run_that_ends_during_a_snapshot_leaves_no_participant_held(
             await asyncio.sleep(0.2)  # a window for the run's end to cut in, were it to cancel here
 
     monkeypatch.setattr(Forgetting, "flush", flush_while_a_snapshot_prepares)
-    monkeypatch.setitem(SAVE_STEPS, SaveStep.CLOSE_GATE, close_gate_late)
+    monkeypatch.setitem(SAVE_STEPS, SaveStep.INSTANT, instant_late)
     monkeypatch.setitem(SAVE_STEPS, SaveStep.PREPARE, prepare_then_linger)
     summary = await run(tmp_path, snapshot_interval_s=0.05)
     assert summary.rollouts_sealed == 6 and late["id"] is not None and prepared.is_set()
@@ -561,13 +561,14 @@ async def test_a_run_that_ends_on_an_error_mid_snapshot_aborts_that_snapshot(
     # the way out, so no participant waits out a lease for it.
     import asyncio
 
+    from parkway.actors.roles.controller import cut
     from parkway.actors.roles.controller.dispatch import Dispatcher
     from parkway.actors.roles.controller.save import SAVE_STEPS, SaveSequence
     from parkway.protocol.snapshot import SaveStep
 
     record_history(monkeypatch, tmp_path)
     prepared, never = asyncio.Event(), asyncio.Event()
-    prepare = SaveSequence.prepare
+    prepare = cut.prepare
 
     async def prepare_then_hang(self: SaveSequence, attempt, stages) -> None:
         await prepare(self, attempt, stages)

@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 @pytest.mark.parametrize(
     "fault",
     [
-        "after_prepare@2",  # prepared: the snapshot never publishes, the one before is restored
+        "after_prepared@2",  # every agent's cut back: the snapshot never publishes, the one before is restored
         "after_commit@2",  # every cut taken, in memory only
-        "after_open_gate@2",  # the window over, the rollouts running on, nothing of the cut written
+        "after_prepare@2",  # the window over, the Prepares on their way, no cut back yet
         "after_persist@2",  # every cut written, not validated: no manifest yet, the one before stands
         "after_publish@2",  # published
     ],

@@ -235,7 +235,9 @@ def test_the_index_and_the_export_agree_with_a_scan_after_any_moves(
     for g in range(6):
         ledger.add_group(f"g{g}", g, 3, rng.choice(list(Granularity)))
     done: Counter[str] = Counter()
+    instants: list[tuple[int, set[tuple[str, int]]]] = []  # (a dispatch mark, what ran at it)
     for _ in range(300):
+        instants.append((ledger.dispatch_mark(), ledger.dispatched()))
         reserved = ledger.reserved()
         if reserved and rng.random() < 0.5:
             s = rng.choice(reserved)
@@ -269,6 +271,10 @@ def test_the_index_and_the_export_agree_with_a_scan_after_any_moves(
             if rng.random() < 0.5:  # (or at a later step: an export may come between)
                 ledger.finalize(group.group_id)
         assert ledger.dispatched() == set(scanned(ledger, AttemptState.DISPATCHED))
+        # What ran at an earlier instant, told apart by its mark alone: still running, or dispatched since.
+        mark, then = rng.choice(instants)
+        assert ledger.dispatched_by(mark) == ledger.dispatched() & then
+        assert ledger.dispatched_after(mark) == ledger.dispatched() - then
         assert sorted((s.rollout_id, a.index) for s, a in ledger.sealing()) == sorted(
             scanned(ledger, AttemptState.SEALING)
         )

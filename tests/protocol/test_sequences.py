@@ -32,26 +32,31 @@ def test_a_table_with_a_step_missing_or_one_too_many_is_refused() -> None:
 
 def test_a_save_aborts_at_every_step_but_the_release_of_its_cut() -> None:
     names = [step.name for step in SAVE_SEQUENCE]
-    assert [s for s in names if not save_failure_aborts(s)] == [SaveStep.OPEN_GATE, SaveStep.RESUME]
-    assert {SaveStep.RESUME, SaveStep.OPEN_GATE} == NOT_ABORTED
-    # Failing after the window (writing, validating, publishing) aborts that snapshot all the same.
-    after = (SaveStep.COMMIT, SaveStep.PERSIST, SaveStep.VALIDATE, SaveStep.PUBLISH)
+    assert [s for s in names if not save_failure_aborts(s)] == [SaveStep.RESUME]
+    assert {SaveStep.RESUME} == NOT_ABORTED
+    # Failing after the window (the cuts coming back, writing, validating, publishing) aborts that
+    # snapshot all the same: its agents are prepared from the window on.
+    after = (SaveStep.PREPARED, SaveStep.CAPTURE, SaveStep.COMMIT, SaveStep.PERSIST, SaveStep.PUBLISH)
     assert all(save_failure_aborts(s) for s in after)
 
 
-def test_the_window_holds_the_cut_and_nothing_that_writes() -> None:
+def test_the_window_holds_the_cuts_instant_and_nothing_that_waits_for_an_agent() -> None:
     window = [step.name for step in SAVE_SEQUENCE if in_window(step.name)]
-    assert window == [
-        SaveStep.CLOSE_GATE,
-        SaveStep.RETIRE,
-        SaveStep.ACK_DRAIN,
+    assert window == [SaveStep.INSTANT]
+    before = [step.name for step in SAVE_SEQUENCE[: [s.name for s in SAVE_SEQUENCE].index(window[0])]]
+    assert before == [SaveStep.RETIRE, SaveStep.ACK_DRAIN]
+    after = [step.name for step in SAVE_SEQUENCE if not in_window(step.name) and step.name not in before]
+    assert after == [
         SaveStep.PREPARE,
+        SaveStep.PREPARED,
         SaveStep.DRAIN_RECEIPTS,
         SaveStep.CAPTURE,
-        SaveStep.OPEN_GATE,
+        SaveStep.COMMIT,
+        SaveStep.RESUME,
+        SaveStep.PERSIST,
+        SaveStep.VALIDATE,
+        SaveStep.PUBLISH,
     ]
-    after = [step.name for step in SAVE_SEQUENCE if not in_window(step.name)]
-    assert after == [SaveStep.COMMIT, SaveStep.RESUME, SaveStep.PERSIST, SaveStep.VALIDATE, SaveStep.PUBLISH]
 
 
 def test_every_participant_is_asked_at_once_in_each_participant_step() -> None:

@@ -84,17 +84,26 @@ SNAPSHOT_RUN: dict[str, Any] = {
 async def crashed_run(state: Path, published: int = 2) -> Path:
     """The run directory of ``SNAPSHOT_RUN`` stopped dead right after its ``published``-th snapshot:
     real snapshots on disk, no COMPLETED marker."""
+    await crash_after(SNAPSHOT_RUN, state, published)
+    return state / "snapshots" / SNAPSHOT_RUN["run"]
+
+
+async def crash_after(data: dict[str, Any], state: Path, published: int = 2) -> None:
+    """Run ``data`` until it stops dead right after its ``published``-th snapshot (``SimulatedCrash``,
+    caught here); an ``AssertionError`` if the run ended first, so no crash test passes uncrashed.
+
+    Generated at a slower pace than the runs that restore it (a tuning setting: the snapshots stay
+    restorable under ``data``), so that its snapshots are published before its rollouts end even on a
+    loaded machine, where one snapshot took half a second and the run ended before the second."""
     from parkway.actors.roles.controller.controller import SimulatedCrash
 
-    # Generated at a slower pace than the runs that restore it (a tuning setting: the snapshots stay
-    # restorable under SNAPSHOT_RUN), so that its snapshots are published before its rollouts end even
-    # on a loaded machine, where one snapshot took half a second and the run ended before the second.
-    slower = {**SNAPSHOT_RUN, "policy": {**SNAPSHOT_RUN["policy"], "per_token_delay_s": 0.003}}
+    pace = max(float(data.get("policy", {}).get("per_token_delay_s", 0.0)), 0.003)
+    slower = {**data, "policy": {**data.get("policy", {}), "per_token_delay_s": pace}}
     try:
         await embedded_run(slower, state, stop_after=published)
     except SimulatedCrash:
-        return state / "snapshots" / SNAPSHOT_RUN["run"]
-    raise AssertionError("the run finished before its snapshots were published")
+        return
+    raise AssertionError(f"the run finished before its snapshot {published} was published")
 
 
 async def embedded_digest(config_path: Path, state: Path) -> str:

@@ -169,7 +169,6 @@ class Controller(Actor):
     def open_gate(self) -> None:
         self.gate.open()
         self._wake.set()
-        self.receipts.seal_with_cut()  # the receipts that came with the cuts: their seals go now
         collection.window_ended()  # a full collection that is due runs now, after the window
 
     def in_window(self) -> bool:

@@ -173,7 +173,7 @@ class Dispatcher:
                 replica=replica,
                 continue_from=current.continue_from,
             )
-            self._dispatched_at[(sibling.rollout_id, attempt)] = (time.monotonic(), self._gate.paused_s())
+            self._dispatched_at[(sibling.rollout_id, attempt)] = (time.monotonic(), self._gate.parked_s())
             self._outbox.route((sibling.rollout_id, attempt), replica)
             self._counts["attempts_dispatched"] += 1
             in_flight += 1
@@ -215,7 +215,7 @@ class Dispatcher:
     # -- the stall watchdog ---------------------------------------------------------------------------
     def stalled(self, timeout_s: float) -> list[tuple[str, int]]:
         """Attempts running longer than ``timeout_s``, not counting the time they were parked."""
-        now, paused = time.monotonic(), self._gate.paused_s()
+        now, paused = time.monotonic(), self._gate.parked_s()
         ledger = self._state.ledger
         # A seal that never comes back stalls its attempt as well (failed, it is redone).
         live = ledger.dispatched() | {(s.rollout_id, a.index) for s, a in ledger.sealing()}

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any, Protocol
 
 from parkway.actors.roles.controller.adopt import Continuation, SavedWork
+from parkway.actors.roles.controller.gate import AdmissionGate
 from parkway.actors.runtime.client import Client
 from parkway.actors.runtime.faults import FaultPoints
 from parkway.actors.runtime.history import History
@@ -35,6 +36,12 @@ class SnapshotHost(Protocol):
 
     @property
     def counts(self) -> Counter[str]: ...
+
+    @property
+    def gate(self) -> AdmissionGate:
+        """Its clocks: a snapshot's agents hold their rollouts from its Prepare to its Resume (``hold``,
+        ``release``), which the stall watchdog does not count."""
+        ...
 
     @property
     def metrics(self) -> ActorMetrics: ...

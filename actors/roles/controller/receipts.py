@@ -49,7 +49,6 @@ class Receipts:
         self.agents = 1  # the run's agent replicas (``topology.agents``): where an Ack can go
         # Receipts that came with an agent's cut (``with_cut``): taken as arrived, their seals not yet
         # started; and those whose seals are under way (their copy on the wire waits for the seal).
-        self._carried: dict[tuple[str, int], Completed] = {}
         self._with_cut: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     def _acknowledge(self, receipt: Completed | Failed) -> None:
@@ -71,9 +70,9 @@ class Receipts:
     def with_cut(self, replica: int, receipts: Iterable[Completed]) -> None:
         """Receipts agent ``replica``'s Prepared carried (sent, not yet acknowledged): each of an attempt
         still dispatched to that agent is taken as arrived, now: ``sealing`` in the ledger, so a
-        snapshot's drain does not wait for its copy on the wire. Its seal starts when admission reopens
-        (``seal_with_cut``), or with that copy if it comes first; a copy that comes while the seal is
-        under way waits for it, and is then a duplicate. Any other (already arrived, given up on, of
+        snapshot's drain does not wait for its copy on the wire. Its seal starts now (the cut comes back
+        after the window); a copy that comes while the seal is under way waits for it, and is then a
+        duplicate. Any other (already arrived, given up on, of
         another replica) changes nothing: its copy on the wire is handled as ever."""
         ledger = self._state.ledger
         for receipt in receipts:
@@ -89,8 +88,9 @@ class Receipts:
             ):
                 continue
             self._receive(receipt)
-            self._carried[(receipt.rollout_id, receipt.attempt)] = receipt
             self._counts["receipts_with_cut"] += 1
+            task = asyncio.get_running_loop().create_task(self._seal_with_cut(receipt))
+            self._with_cut[(receipt.rollout_id, receipt.attempt)] = task
 
     def _receive(self, receipt: Completed) -> None:
         """The attempt ``sealing`` in the ledger, with what its seal needs (its agent is done with it)."""
@@ -101,14 +101,6 @@ class Receipts:
             turns=receipt.turns,
             staging_keys=receipt.staging_keys,
         )
-
-    def seal_with_cut(self) -> None:
-        """Start the seals of the receipts taken with a cut, as admission reopens (a seal is a round trip
-        to TQ: no part of the window)."""
-        carried, self._carried = self._carried, {}
-        for key, receipt in carried.items():
-            task = asyncio.get_running_loop().create_task(self._seal_with_cut(receipt))
-            self._with_cut[key] = task
 
     async def stop(self) -> None:
         """Cancel the seals begun for receipts that came with a cut (each attempt stays ``sealing``: a
@@ -130,13 +122,11 @@ class Receipts:
 
     async def completed(self, receipt: Completed) -> None:
         key = (receipt.rollout_id, receipt.attempt)
-        # A copy of a receipt taken with a cut: its seal is this copy's to make if it has not started
-        # (the window is still open); if it is under way, this copy waits for it and is then a
+        # A copy of a receipt taken with a cut whose seal is under way waits for it, and is then a
         # duplicate (or, had that seal failed, seals it).
-        if self._carried.pop(key, None) is None:
-            sealing = self._with_cut.get(key)
-            if sealing is not None and asyncio.current_task() is not sealing:
-                await asyncio.shield(sealing)
+        sealing = self._with_cut.get(key)
+        if sealing is not None and asyncio.current_task() is not sealing:
+            await asyncio.shield(sealing)
         ledger = self._state.ledger
         if not ledger.knows(receipt.rollout_id):
             self._counts["receipts_stale"] += (

@@ -6,10 +6,13 @@ that ``save_failure_aborts`` is aborted under the snapshot's id everywhere and i
 deleted; the previous snapshot stays authoritative. ``save`` returns what it published, or why it
 skipped.
 
-The admission-closed window holds only the cut (close, prepare, drain, commit, resume, open): every
-participant's Commit takes an in-memory copy and the ledger is copied at the same instant. Writing,
-fsyncing, validating and publishing follow with admission open, their blocking file work in worker
-threads so the controller's event loop keeps dispatching (docs/snapshots.md#the-window).
+The admission-closed window holds only the cut's instant: the ledger's count of dispatches, noted in
+one stretch of the event loop. Every agent's Prepare is made from that mark and published, the agents'
+cuts come back, the receipts they leave out arrive and the ledger is copied with admission open; an
+attempt dispatched after the instant is in
+the snapshot if its agent cut it, and restarts from its prompt at a restore if not. Writing, fsyncing,
+validating and publishing follow, their blocking file work in worker threads so the controller's event
+loop keeps dispatching (docs/snapshots.md#the-window).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
-from parkway.actors.roles.controller import scopes
+from parkway.actors.roles.controller import cut, scopes
 from parkway.actors.roles.controller.fingerprints import expected_topology, fingerprint, replica_counts
 from parkway.actors.roles.controller.host import SnapshotHost
 from parkway.actors.roles.controller.metrics import SnapshotMetrics
@@ -33,10 +36,8 @@ from parkway.actors.runtime import tracing
 from parkway.actors.runtime.memory import trim_heap
 from parkway.actors.storage.publish import prune, publish, write_ledger_file
 from parkway.actors.storage.runs import RunDirectory
-from parkway.brokers.base import Lane
 from parkway.protocol.anchor import LedgerFile
 from parkway.protocol.history import (
-    LedgerCaptured,
     SnapshotAborted,
     SnapshotDone,
     SnapshotFailed,
@@ -56,7 +57,6 @@ from parkway.protocol.messages import (
     Persisted,
     Prepare,
     Prepared,
-    Renew,
     StatusReport,
 )
 from parkway.protocol.snapshot import (
@@ -121,8 +121,12 @@ class SaveAttempt:
     episodes: set[tuple[str, int]] = field(default_factory=set)  # what the agents saved
     cut: list[EpisodeRef] = field(default_factory=list)  # the same, each at its boundary (tool calls)
     captured_dispatched: set[tuple[str, int]] = field(default_factory=set)  # the ledger's, at the cut
+    mark: int = 0  # the ledger's count of dispatches at the cut's instant (``Ledger.dispatch_mark``)
+    prepares: asyncio.Future[Sent] | None = None  # the agents' Prepares, sent and answered after the window
     in_band: list[Sent] = field(default_factory=list)  # TQ's Prepare and Commit, answered after the window
-    restarts: set[tuple[str, int]] = field(default_factory=set)  # what restart-only ones could not
+    # What restarts from its prompt at a restore: what restart-only ones could not save, and attempts
+    # dispatched after the cut's instant that no agent's cut holds.
+    restarts: set[tuple[str, int]] = field(default_factory=set)
     parked: int = 0
     boundaries: int = 0
     park_wait_s: float = 0.0  # the longest an agent waited for its rollouts to reach a boundary
@@ -227,6 +231,9 @@ class SaveSequence:
                     self._abort_decided(attempt, SnapshotFailure(current.value, "cancelled", transient=True))
                 raise
             finally:
+                host.gate.release()  # (ended before its resume: failed, skipped or cut off)
+                if attempt.prepares is not None and not attempt.prepares.done():
+                    attempt.prepares.cancel()  # (the abort round reaches every agent either way)
                 window = host.paused_s() - paused_before
                 if window > 0 and host.gate_open:  # a skipped snapshot never closed the gate
                     self.metrics.pause_ms.append(window * 1000)
@@ -317,100 +324,20 @@ class SaveSequence:
         await task
 
     # -- the steps ------------------------------------------------------------------------------------
-    async def close_gate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
+    async def nothing_new(self, attempt: SaveAttempt) -> bool:
+        """No boundary passed, no ledger or TQ change since the last snapshot: one would add nothing
+        (unless forced), and this one is skipped."""
         attempt.progress = await self.progress()
         if self.last_progress == attempt.progress and not attempt.force:
-            # No boundary passed, no ledger or TQ change: a snapshot would add nothing.
             attempt.skip_reason = "nothing new since the last snapshot"
-            return
-        self.host.close_gate()
+            return True
+        return False
 
     async def retire(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         await self.host.retire_pending()
 
     async def ack_drain(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
         await self.host.flush_acks()
-
-    async def prepare(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
-        cid, deadline = attempt.checkpoint_id, attempt.deadline
-        prepare = self.scopes.prepares(self.host.ledger, cid, deadline)
-        for stage in stages:
-            replies = await self.participants.ask(stage, prepare, "prepare")
-            for address, reply in replies.items():
-                assert isinstance(reply, Prepared)
-                attempt.parked += reply.parked
-                attempt.boundaries += reply.boundaries_passed
-                attempt.park_wait_s = max(attempt.park_wait_s, reply.waited_s)
-                attempt.restarts.update((r.rollout_id, r.attempt) for r in reply.restarts)
-                role, replica = parse_address(address)
-                if role == Role.AGENT:
-                    cut = self.scopes.cut_of(address, reply)  # (changes against no cut it holds: refused)
-                    attempt.cut.extend(cut.values())
-                    attempt.episodes.update(cut)
-                    self.host.receipts_with_cut(replica, reply.receipts)  # (the drain waits for no copy)
-        # Renew the leases once if preparing used more than half of the deadline.
-        if attempt.deadline - time.time() < self.config.prepare_timeout_s / 2:
-            renewed = time.time() + self.config.prepare_timeout_s
-            attempt.deadline = renewed
-            for stage in stages:
-                await self.participants.ask(
-                    stage, lambda _a: Renew(checkpoint_id=cid, deadline=renewed), "renew"
-                )
-
-    async def drain_receipts(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
-        """A dispatched attempt no agent's cut holds has finished: its receipt is on the wire. Wait for it
-        to arrive (or fail) before the cut, event driven, until the deadline: an arrived receipt makes
-        its attempt SEALING, which the ledger's cut saves with what its seal needs, so the seal's round
-        trip to TQ is not waited for (a restore seals it again). (An attempt a cut holds keeps its
-        receipt until the checkpoint ends: no receipt arrives after this step until then.)"""
-        while True:
-            waiting = self.host.ledger.dispatched() - attempt.episodes - attempt.restarts
-            if not waiting:
-                return
-            remaining = attempt.deadline - time.time()
-            if remaining <= 0:
-                mismatch = episode_mismatch(
-                    attempt.episodes, self.host.ledger.dispatched() - attempt.restarts
-                )
-                raise SnapshotFailure(
-                    "drain_receipts", f"receipts did not arrive: {mismatch}", transient=True
-                )
-            await self.host.wait_for_receipts(remaining)
-
-    async def capture(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
-        """The ledger and TQ at one cut: the ledger is copied now, with no await before TQ's Commit goes
-        out (receipts drained, the rest held by their agents: a seal still on its way is SEALING in the
-        copy, or SEALED with TQ's row made before its reply, so before this Commit reaches TQ). TQ's
-        Commit goes on its data lane: behind the staging rows the agents' cuts refer to
-        (each sent to TQ before its agent prepared), and ahead of every row or seal that a dispatch
-        after the window brings. Its answer is collected after the window (``commit``)."""
-        cid, deadline, location = attempt.checkpoint_id, attempt.deadline, attempt.tmp.name
-        attempt.captured = self.host.export_ledger()
-        attempt.captured_dispatched = dispatched = self.host.ledger.dispatched()
-        self.host.history.record(LedgerCaptured(checkpoint_id=cid, seals=self.host.seals))
-        # An attempt its agent cut that the controller has given up on since (its group is redone) or
-        # never dispatched is not kept: the cut holds exactly the attempts dispatched.
-        cut = scopes.kept(attempt.cut, dispatched, self.host.ledger, self.host.counts)
-        attempt.episodes = {(e.rollout_id, e.attempt) for e in cut}
-        attempt.cut = list(cut)
-        # (A restart-only server's rollouts are its agents' too: in the cuts and the ledger alike.)
-        mismatch = episode_mismatch(attempt.episodes, dispatched)
-        if mismatch:  # checked in memory before any cut is written: an invariant, not a timing
-            raise SnapshotFailure(
-                "capture", f"saved episodes differ from the ledger: {mismatch}", transient=False
-            )
-        for stage in stages:
-            attempt.in_band = [
-                await self.participants.send(
-                    stage, lambda _a: Prepare(checkpoint_id=cid, deadline=deadline), "capture", lane=Lane.DATA
-                ),
-                await self.participants.send(
-                    stage,
-                    lambda _a: Commit(checkpoint_id=cid, deadline=deadline, location=location),
-                    "capture",
-                    lane=Lane.DATA,
-                ),
-            ]
 
     async def commit(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """After the window: every other participant takes its cut. An agent's Commit names the attempts
@@ -448,6 +375,7 @@ class SaveSequence:
 
     async def resume(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         await self.participants.resume_all(attempt.checkpoint_id, stages, deadline=attempt.deadline)
+        self.host.gate.release()
 
     async def persist(self, attempt: SaveAttempt, stages: tuple[Stage, ...]) -> None:
         """After the window: every participant writes its cut, the controller its ledger copy. Nothing
@@ -533,9 +461,6 @@ class SaveSequence:
         if self.on_published is not None:
             self.on_published(attempt.published)
 
-    async def open_gate(self, attempt: SaveAttempt, _: tuple[Stage, ...]) -> None:
-        self.host.open_gate()
-
 
 def record_files(attempt: SaveAttempt, address: str, files: tuple[FileDigest, ...], cid: str) -> None:
     """The files a participant wrote, as manifest entries relative to the snapshot directory."""
@@ -556,13 +481,13 @@ def record_files(attempt: SaveAttempt, address: str, files: tuple[FileDigest, ..
 SaveStepImplementation = Callable[[SaveSequence, SaveAttempt, tuple[Stage, ...]], Awaitable[None]]
 
 SAVE_STEPS: dict[SaveStep, SaveStepImplementation] = {
-    SaveStep.CLOSE_GATE: SaveSequence.close_gate,
     SaveStep.RETIRE: SaveSequence.retire,
     SaveStep.ACK_DRAIN: SaveSequence.ack_drain,
-    SaveStep.PREPARE: SaveSequence.prepare,
-    SaveStep.DRAIN_RECEIPTS: SaveSequence.drain_receipts,
-    SaveStep.CAPTURE: SaveSequence.capture,
-    SaveStep.OPEN_GATE: SaveSequence.open_gate,
+    SaveStep.INSTANT: cut.instant,
+    SaveStep.PREPARE: cut.prepare,
+    SaveStep.PREPARED: cut.prepared,
+    SaveStep.DRAIN_RECEIPTS: cut.drain_receipts,
+    SaveStep.CAPTURE: cut.capture,
     SaveStep.COMMIT: SaveSequence.commit,
     SaveStep.RESUME: SaveSequence.resume,
     SaveStep.PERSIST: SaveSequence.persist,

@@ -29,37 +29,32 @@ class DispatchedScopes:
     the agent waits for. The agent's answer, the same way, names what changed in its cut since the last
     one (``protocol.cut_changes``), and ``cut_of`` makes the whole cut from it.
 
-    A running attempt's ref is made at the first snapshot that names it and kept while it runs, so a
-    snapshot does not make one per attempt in flight inside its window."""
+    The Prepares are made after a snapshot's instant, with admission open: they name the attempts
+    dispatched by the instant's mark (``Ledger.dispatch_mark``), not any dispatched since. A ref is
+    made only for each attempt named, a few per snapshot."""
 
     def __init__(self) -> None:
-        self._refs: dict[tuple[str, int], EpisodeRef] = {}
         self._cuts: dict[str, tuple[str, CutRefs]] = {}  # agent address: its last cut, that Prepare's id
 
-    def of(self, ledger: Ledger) -> dict[str, tuple[EpisodeRef, ...]]:
-        refs: dict[tuple[str, int], EpisodeRef] = {}
+    def of(self, ledger: Ledger, mark: int) -> dict[str, tuple[EpisodeRef, ...]]:
+        running = ledger.running()
+        held: set[tuple[str, int]] = set().union(*(cut.keys() for _, cut in self._cuts.values()))
         scope: dict[int, list[EpisodeRef]] = {}
-        held = {parse_address(address)[1]: cut for address, (_, cut) in self._cuts.items()}
-        nothing: CutRefs = {}
-        for sibling, attempt in ledger.dispatched_attempts():
-            replica = attempt.replica
-            if replica is None:
-                continue
-            key = (sibling.rollout_id, attempt.index)
-            ref = self._refs.get(key)
-            if ref is None or ref.replica != replica:
-                ref = EpisodeRef(rollout_id=sibling.rollout_id, attempt=attempt.index, replica=replica)
-            refs[key] = ref
-            if key not in held.get(replica, nothing):
+        # (An attempt runs on the agent it was dispatched to: one another agent's cut held is not it.)
+        for key in sorted(ledger.dispatched_by(mark) - held):
+            replica = running[key][1].replica
+            if replica is not None:
+                ref = EpisodeRef(rollout_id=key[0], attempt=key[1], replica=replica)
                 scope.setdefault(replica, []).append(ref)
-        self._refs = refs  # only the attempts still running: the ones that ended are let go
         # (An agent that waits for no Run is left out: its Prepare names nothing.)
         return {actor_address(Role.AGENT, replica): tuple(named) for replica, named in scope.items()}
 
-    def prepares(self, ledger: Ledger, checkpoint_id: str, deadline: float) -> Callable[[str], Prepare]:
-        """Each agent's Prepare of this snapshot: the Runs it waits for, and the cut its answer may
-        change (any other participant's names neither)."""
-        scopes = self.of(ledger)
+    def prepares(
+        self, ledger: Ledger, mark: int, checkpoint_id: str, deadline: float
+    ) -> Callable[[str], Prepare]:
+        """Each agent's Prepare of this snapshot: the Runs dispatched by ``mark`` it waits for, and the
+        cut its answer may change (any other participant's names neither)."""
+        scopes = self.of(ledger, mark)
         return lambda address: Prepare(
             checkpoint_id=checkpoint_id,
             deadline=deadline,
@@ -91,7 +86,7 @@ class DispatchedScopes:
                     raise CutChangeError(f"changes against the cut of {reply.base}, which it does not hold")
                 cut = applied(known[1], reply.episodes, reply.gone)
             except CutChangeError as exc:
-                raise SnapshotFailure("prepare", f"{address}: {exc}", transient=True) from None
+                raise SnapshotFailure("prepared", f"{address}: {exc}", transient=True) from None
         self._cuts[address] = (reply.checkpoint_id, cut)
         return cut
 
@@ -123,6 +118,20 @@ def kept(
         for e in cut
         if ledger.knows(e.rollout_id) and ((e.rollout_id, e.attempt) in dispatched or not given_up(ledger, e))
     )
+
+
+def after_instant(
+    dispatched_after: set[tuple[str, int]], saved: set[tuple[str, int]], counts: Counter[str]
+) -> set[tuple[str, int]]:
+    """The attempts dispatched after a snapshot's instant (its gate open again while its agents cut)
+    that no agent's cut holds: their Run reached the agent after its Prepare. Nothing of them is saved
+    and nothing waits for them; a restore starts each from its prompt (the snapshot's ``restarts``).
+    One that reached its agent first is in that agent's cut, and saved like any other."""
+    after = dispatched_after - saved
+    if after:
+        counts["dispatched_after_cut"] += len(after)
+        log.info("dispatched_after_cut", count=len(after))
+    return after
 
 
 def commit_scope(address: str, cut: tuple[EpisodeRef, ...]) -> tuple[EpisodeRef, ...]:

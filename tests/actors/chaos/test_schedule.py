@@ -117,7 +117,7 @@ def test_the_controller_step_is_read_from_its_history() -> None:
     assert controller_step([]) == "start-up"
     history = [
         stamped(RunStarted(restored=False, epoch=1, expected=()), 1.0),
-        stamped(SnapshotStep(checkpoint_id="ck-1", step="close_gate"), 1.1),
+        stamped(SnapshotStep(checkpoint_id="ck-1", step="instant"), 1.1),
         stamped(SnapshotStep(checkpoint_id="ck-1", step="prepare"), 1.2),
     ]
     assert controller_step(history) == "prepare"
@@ -211,7 +211,7 @@ def test_a_fault_at_a_step_fires_when_that_step_started_lately_not_only_when_it_
     from parkway.protocol.history import SnapshotStep
 
     now = time.time()
-    steps = ["close_gate", "retire", "ack_drain", "prepare", "drain_receipts", "capture", "open_gate"]
+    steps = ["retire", "ack_drain", "instant", "prepare", "prepared", "drain_receipts", "capture"]
     records = [
         SnapshotStep(checkpoint_id="ck-1", step=s, t=now - 0.05 + i * 0.005) for i, s in enumerate(steps)
     ]

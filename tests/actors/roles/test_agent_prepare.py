@@ -124,20 +124,30 @@ def dispatched(siblings: int, *, agents: int) -> Ledger:
     return ledger
 
 
-def test_the_controller_makes_a_running_attempts_ref_once() -> None:
+def test_a_scope_names_the_running_attempts_of_each_agent_and_no_ended_one() -> None:
     ledger = dispatched(3, agents=2)
     scopes = DispatchedScopes()
-    first = scopes.of(ledger)
-    assert {a: [e.rollout_id for e in refs] for a, refs in first.items()} == {
-        "agent/0": ["t0001_g0", "t0001_g2"],
-        "agent/1": ["t0001_g1"],
+    first = scopes.of(ledger, ledger.dispatch_mark())
+    assert {a: [(e.rollout_id, e.attempt, e.replica) for e in refs] for a, refs in first.items()} == {
+        "agent/0": [("t0001_g0", 0, 0), ("t0001_g2", 0, 0)],
+        "agent/1": [("t0001_g1", 0, 1)],
     }
     ledger.receive("t0001_g0", 0, reward=1.0, turns=3)  # it finished: no Prepare names it again
-    second = scopes.of(ledger)
+    second = scopes.of(ledger, ledger.dispatch_mark())
     assert [e.rollout_id for e in second["agent/0"]] == ["t0001_g2"]
-    assert second["agent/0"][0] is first["agent/0"][1] and second["agent/1"][0] is first["agent/1"][0]
-    # A scope made without the refs kept from before names the same attempts.
-    assert DispatchedScopes().of(ledger) == second
+    assert second["agent/0"][0] == first["agent/0"][1] and second["agent/1"] == first["agent/1"]
+    # Made from the ledger's index alone: a scope with nothing kept from before names the same.
+    assert DispatchedScopes().of(ledger, ledger.dispatch_mark()) == second
+
+
+def test_a_scope_made_after_the_instant_names_only_what_was_dispatched_by_its_mark() -> None:
+    ledger = dispatched(2, agents=1)
+    mark = ledger.dispatch_mark()  # the instant
+    ledger.add_group("t0002", 2, 1, Granularity.SIBLING)
+    ledger.dispatch("t0002_g0", 0, replica=0)  # admission open again: dispatched after it
+    named = DispatchedScopes().of(ledger, mark)["agent/0"]
+    assert [e.rollout_id for e in named] == ["t0001_g0", "t0001_g1"]
+    assert ledger.dispatched_after(mark) == {("t0002_g0", 0)}
 
 
 def cut(checkpoint_id: str, *attempts: tuple[str, int]) -> Prepared:
@@ -149,23 +159,28 @@ def cut(checkpoint_id: str, *attempts: tuple[str, int]) -> Prepared:
 def test_a_prepare_names_only_the_attempts_its_agents_last_cut_did_not_hold() -> None:
     ledger = dispatched(4, agents=2)
     scopes = DispatchedScopes()
-    assert [e.rollout_id for e in scopes.of(ledger)["agent/0"]] == ["t0001_g0", "t0001_g2"]
+    assert [e.rollout_id for e in scopes.of(ledger, ledger.dispatch_mark())["agent/0"]] == [
+        "t0001_g0",
+        "t0001_g2",
+    ]
     assert scopes.base_of("agent/0") == ""
     # agent/0 answered a Prepare holding g0: it has that Run, so the next Prepare waits for g2 only.
     scopes.cut_of("agent/0", cut("ck-1", ("t0001_g0", 0)))
-    second = scopes.of(ledger)
+    second = scopes.of(ledger, ledger.dispatch_mark())
     assert [e.rollout_id for e in second["agent/0"]] == ["t0001_g2"] and scopes.base_of("agent/0") == "ck-1"
     assert [e.rollout_id for e in second["agent/1"]] == ["t0001_g1", "t0001_g3"]  # its own cut counts
     # A cut replaces the one before: g0 is not in it (it ended there, its receipt on the wire).
     scopes.cut_of("agent/0", cut("ck-2", ("t0001_g2", 0)))
-    assert [e.rollout_id for e in scopes.of(ledger)["agent/0"]] == ["t0001_g0"]
+    assert [e.rollout_id for e in scopes.of(ledger, ledger.dispatch_mark())["agent/0"]] == ["t0001_g0"]
     # Every Run agent/0 holds was in its last cut: its Prepare names nothing to wait for.
     scopes.cut_of("agent/0", cut("ck-3", ("t0001_g0", 0), ("t0001_g2", 0)))
-    assert "agent/0" not in scopes.of(ledger)
+    assert "agent/0" not in scopes.of(ledger, ledger.dispatch_mark())
     # Its agent restarted: the rollout's new attempt is a key no cut held, named until one holds it.
     ledger.restart_after_restore("t0001_g2", continue_saved=False)
     ledger.dispatch("t0001_g2", 1, replica=0)
-    assert [(e.rollout_id, e.attempt) for e in scopes.of(ledger)["agent/0"]] == [("t0001_g2", 1)]
+    assert [(e.rollout_id, e.attempt) for e in scopes.of(ledger, ledger.dispatch_mark())["agent/0"]] == [
+        ("t0001_g2", 1)
+    ]
 
 
 def test_the_controller_makes_an_agents_whole_cut_from_the_changes_it_answers_with() -> None:
@@ -188,16 +203,16 @@ def test_the_controller_makes_an_agents_whole_cut_from_the_changes_it_answers_wi
     stale = Prepared(checkpoint_id="ck-3", episodes=(new,), base="ck-1")
     with pytest.raises(SnapshotFailure, match="agent/0: changes against the cut of ck-1") as refused:
         scopes.cut_of("agent/0", stale)
-    assert refused.value.transient and refused.value.step == "prepare"
+    assert refused.value.transient and refused.value.step == "prepared"
 
 
 def test_after_a_failed_snapshot_every_prepare_names_every_run_and_no_base() -> None:
     ledger = dispatched(2, agents=1)
     scopes = DispatchedScopes()
     scopes.cut_of("agent/0", cut("ck-1", ("t0001_g0", 0), ("t0001_g1", 0)))
-    assert scopes.prepares(ledger, "ck-2", time.time() + 30)("agent/0").episodes == ()
+    assert scopes.prepares(ledger, ledger.dispatch_mark(), "ck-2", time.time() + 30)("agent/0").episodes == ()
     scopes.forget()  # (what a failed snapshot does: its agents may not hold the cut kept of them)
-    prepare = scopes.prepares(ledger, "ck-3", time.time() + 30)("agent/0")
+    prepare = scopes.prepares(ledger, ledger.dispatch_mark(), "ck-3", time.time() + 30)("agent/0")
     assert prepare.base == "" and [e.rollout_id for e in prepare.episodes] == ["t0001_g0", "t0001_g1"]
     assert scopes.base_of("agent/0") == ""
 

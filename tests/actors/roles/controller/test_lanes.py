@@ -1,6 +1,6 @@
 """Which lane the controller's messages take in a whole embedded run with snapshots: every control
 command on the control lane, except TQ's capture (its Prepare and Commit), which goes on TQ's data lane
-so that it is queued behind the rows already sent to TQ (``SaveSequence.capture``)."""
+so that it is queued behind the rows already sent to TQ (``cut.capture``)."""
 
 from __future__ import annotations
 
