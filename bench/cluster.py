@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -145,6 +146,7 @@ async def started(
     else:
         from parkway.brokers.rabbitmq import RabbitBroker
 
+        end_on_sigterm()
         processes = spawn_actors(data, state, actor_log_level, history_roles, nice) if spawn else []
         broker = RabbitBroker(URL, config.run, connection_name=f"parkway-{config.run}-bench")
     try:
@@ -213,6 +215,13 @@ async def delete_run(config: RunConfig) -> None:
                         await channel.queue_delete(name)
                     else:
                         await channel.exchange_delete(name)
+
+
+def end_on_sigterm() -> None:
+    """A SIGTERM to the benchmark ends it as Ctrl-C does, through every ``finally``: its clusters' actor
+    processes are stopped. (With the default handler the benchmark died at once and left them running.)"""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def spawn_actors(

@@ -4,7 +4,8 @@
 
 Reads the per-snapshot records that ``bench/snapshot_pause.py`` keeps in its result files (default:
 every ``bench/results/snapshot_pause*.json``), takes the snapshots that saved at least
-``--min-rollouts`` rollouts, and prints, for checks (the ``close_gate`` step) over each quantile, how
+``--min-rollouts`` rollouts, and prints, for checks (the ``instant`` step, ``close_gate`` in files
+written before it replaced that step) over each quantile, how
 often the window that followed was in the slowest tenth of all those windows. Reads files only;
 it runs nothing. What it found, and what was tried with it: docs/benchmarks.md, "A snapshot's gate
 closed after a quiet progress check".
@@ -23,13 +24,14 @@ QUANTILES = (0.0, 0.5, 0.8, 0.9, 0.95)
 
 
 def records_of(paths: list[Path], min_rollouts: int) -> list[tuple[float, float]]:
-    """(close_gate ms, window ms) of each snapshot of at least ``min_rollouts`` rollouts."""
+    """(check ms, window ms) of each snapshot of at least ``min_rollouts`` rollouts."""
     found = []
     for path in paths:
         data: dict[str, Any] = json.loads(path.read_text())
         for point in data.get("points", []):
             for record in point.get("records", []):
-                close = record.get("steps_ms", {}).get("close_gate")
+                steps = record.get("steps_ms", {})
+                close = steps.get("instant", steps.get("close_gate"))
                 if close is not None and record.get("rollouts", 0) >= min_rollouts:
                     found.append((float(close), float(record["pause_ms"])))
     return found

@@ -1,4 +1,5 @@
-"""Where a snapshot's ``prepare`` step spends its time, hop by hop, from a trace file.
+"""Where the agents' round trip of a snapshot (its ``prepare`` step, and its ``prepared`` step where the
+save sequence has one) spends its time, hop by hop, from a trace file.
 
 Run a benchmark with tracing to a file, then read it:
 
@@ -64,7 +65,10 @@ def slowest(records: list[dict[str, Any]]) -> list[Slowest]:
         if len(steps) != 1:
             continue
         [step] = steps
-        t0, t1 = step["start"], step["end"]
+        # Since the window ends at the cut's instant, the answers are collected in a step of their own
+        # (``prepared``): the round trip runs from one's start to the other's end.
+        answers = [s for s in spans if s["name"] == "prepared" and s["actor"].startswith("controller")]
+        t0, t1 = step["start"], (answers[0] if len(answers) == 1 else step)["end"]
         inside = [s for s in spans if t0 <= s["start"] <= t1]
         per_agent = []
         last_back = t0

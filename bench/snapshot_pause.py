@@ -31,7 +31,8 @@ Per snapshot the controller records the window (``pause_ms``), its save steps (`
 steps the save sequence has, reported as they come), the rollouts saved, the bytes it holds and
 those it wrote (the rest linked from the snapshot before), and how long agents waited for their
 rollouts to reach a boundary. Per variant the report gives the median over rounds of each round's p50
-and p95 window and of each step's p50, the 1-minute load before and after every point, and the
+and p95 window, of the p95 of the agents' round trip (``prepare`` and ``prepared``: after the window
+since it ends at the cut's instant) and of each step's p50, the 1-minute load before and after every point, and the
 snapshots whose window waited over 20 ms for receipts already on the wire (``drained``: taken while
 many rollouts were finishing) with the p95 of the others. Then the issue's figures, each from the
 rounds' p95s both as the median of the per-round ratios and as the ratio of the medians, against its
@@ -275,14 +276,21 @@ async def tool_calls_running(c: cluster.Cluster) -> int:
     return sum([(await c.status(f"resources/{i}")).in_flight for i in range(replicas)])
 
 
-# A snapshot whose window waited this long for receipts already on the wire (``drain_receipts``): one
-# taken while many rollouts were finishing. Counted apart, so the window's tail with and without them
-# can be told apart (reported, not a check).
+# A snapshot that waited this long for receipts already on the wire (``drain_receipts``; inside the
+# window in the builds before the window ended at the instant): one taken while many rollouts were
+# finishing. Counted apart, so the tail with and without them can be told apart (reported, not a check).
 DRAINED_MS = 20.0
 
 
 def drained(record: dict[str, Any]) -> bool:
     return float(record.get("steps_ms", {}).get("drain_receipts", 0.0)) > DRAINED_MS
+
+
+def round_trip_ms(record: dict[str, Any]) -> float:
+    """The agents' round trip of one snapshot: its ``prepare`` step, and its ``prepared`` step where
+    the save sequence has one (the cuts coming back after the window; before it, ``prepare`` held both)."""
+    steps = record.get("steps_ms", {})
+    return float(steps.get("prepare", 0.0)) + float(steps.get("prepared", 0.0))
 
 
 def summarize(records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
@@ -295,6 +303,7 @@ def summarize(records: list[dict[str, Any]], failed: int) -> dict[str, Any]:
         "failed": failed,
         "rollouts_saved_p50": statistics.median([r.get("rollouts", 0) for r in records]) if records else 0,
         "pause_ms": percentiles(pause),
+        "round_trip_ms": percentiles([round_trip_ms(r) for r in records]) if records else None,
         "drained": len(pause) - len(undrained),
         "pause_undrained_ms": percentiles(undrained) if undrained else None,
         "park_wait_ms": percentiles(waits) if waits else None,
@@ -357,6 +366,9 @@ def aggregate(
                     "pause_p50_ms": round(statistics.median(p["pause_ms"]["p50"] for p in mine), 3),
                     "pause_p95_ms": round(statistics.median(p["pause_ms"]["p95"] for p in mine), 3),
                     "pause_p95_ms_by_round": {p["round"]: p["pause_ms"]["p95"] for p in mine},
+                    "round_trip_p95_ms": median_or_none(
+                        [p["round_trip_ms"]["p95"] for p in mine if p.get("round_trip_ms")]
+                    ),
                     # Snapshots that waited over DRAINED_MS for receipts, and the p95 of the others.
                     "drained": sum(p.get("drained", 0) for p in mine),
                     "pause_p95_undrained_ms": median_or_none(
@@ -471,6 +483,11 @@ def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def pause_ms(value: float | None) -> str:
+    """A window in ms to the microsecond: it is a few microseconds long since it holds one counter's read."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     steps = steps_seen([{"steps_ms": r["steps_ms_p50"]} for r in rows])
     headers = [
@@ -483,6 +500,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "pause p50",
         "p95",
         "p95 per round",
+        "round trip p95",
         "drained",
         "p95 undrained",
         "park wait p50",
@@ -501,11 +519,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['tool_delay_s']:g}",
             r["turns"],
             ms(r["turns_done_at_first_snapshot"]),
-            ms(r["pause_p50_ms"]),
-            ms(r["pause_p95_ms"]),
-            " ".join(f"{v:.0f}" for v in r["pause_p95_ms_by_round"].values()),
+            pause_ms(r["pause_p50_ms"]),
+            pause_ms(r["pause_p95_ms"]),
+            " ".join(pause_ms(v) for v in r["pause_p95_ms_by_round"].values()),
+            ms(r.get("round_trip_p95_ms")),
             r.get("drained", "-"),
-            ms(r.get("pause_p95_undrained_ms")),
+            pause_ms(r.get("pause_p95_undrained_ms")),
             ms(r["park_wait_p50_ms"]),
             ms(r["without_park_wait_p50_ms"]),
             f"{r['tool_calls_running']['min']} / {ms(r['tool_calls_running']['p50'])}",
@@ -516,7 +535,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    return common.markdown_table(headers, body, "ll" + "r" * 6 + "l" + "r" * 7 + "l" + "r" * len(steps))
+    return common.markdown_table(headers, body, "ll" + "r" * 6 + "lr" + "r" * 7 + "l" + "r" * len(steps))
 
 
 def checks_table(found: list[dict[str, Any]]) -> str:
@@ -660,8 +679,8 @@ def main() -> None:
                     point.update(mode=mode + suffix, round=round_index, load_1m=[before, common.load_1m()])
                     points.append(point)
                     print(
-                        f"  round {round_index} {variant.name} {point['mode']}: pause p50 {point['pause_ms']['p50']:.0f} "
-                        f"p95 {point['pause_ms']['p95']:.0f} ms, tool calls running {point['tool_calls_running']}, "
+                        f"  round {round_index} {variant.name} {point['mode']}: pause p50 {pause_ms(point['pause_ms']['p50'])} "
+                        f"p95 {pause_ms(point['pause_ms']['p95'])} ms, tool calls running {point['tool_calls_running']}, "
                         f"{point['seconds']:.0f} s {point['phases_s']}, load {point['load_1m'][0]} > {point['load_1m'][1]}",
                         file=_sys.stderr,
                     )

@@ -13,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/
 import gate_moment
 
 
-def result_file(path: Path, pairs: list[tuple[float, float]], rollouts: int = 1024) -> Path:
-    records = [{"pause_ms": w, "rollouts": rollouts, "steps_ms": {"close_gate": c}} for c, w in pairs]
+def result_file(
+    path: Path, pairs: list[tuple[float, float]], rollouts: int = 1024, step: str = "close_gate"
+) -> Path:
+    records = [{"pause_ms": w, "rollouts": rollouts, "steps_ms": {step: c}} for c, w in pairs]
     path.write_text(json.dumps({"points": [{"records": records}]}))
     return path
 
@@ -35,3 +37,9 @@ def test_small_snapshots_are_left_out_and_too_few_refused(tmp_path: Path, monkey
     monkeypatch.setattr(sys, "argv", ["gate_moment.py", str(small)])
     with pytest.raises(SystemExit, match="too few to tell"):
         gate_moment.main()
+
+
+def test_the_check_is_read_from_the_step_that_holds_it_now_and_before(tmp_path: Path) -> None:
+    older = result_file(tmp_path / "older.json", [(5.0, 20.0)], step="close_gate")
+    newer = result_file(tmp_path / "newer.json", [(7.0, 0.01)], step="instant")
+    assert gate_moment.records_of([older, newer], min_rollouts=900) == [(5.0, 20.0), (7.0, 0.01)]

@@ -155,14 +155,13 @@ def test_a_baseline_is_another_builds_parkway_measured_beside_this_one(tmp_path:
 def test_only_the_roles_off_the_window_are_started_with_a_lowered_priority() -> None:
     import cluster
     from parkway.actors.runtime.settings import NICE_ENV
-    from parkway.protocol.snapshot import SAVE_SEQUENCE, WINDOW_ENDS, SaveStep
+    from parkway.protocol.snapshot import SAVE_SEQUENCE, SaveStep
 
     assert cluster.NICE_ENV == NICE_ENV  # spelt out there for a baseline build without it
-    # The window awaits only the agents' answers (TQ's commands at capture are sent, not awaited).
-    in_window = SAVE_SEQUENCE[: [s.name for s in SAVE_SEQUENCE].index(WINDOW_ENDS)]
-    awaited = {
-        role for step in in_window if step.name != SaveStep.CAPTURE for stage in step.stages for role in stage
-    }
+    # The cut (its instant, then the ledger's copy) awaits only the agents' answers (TQ's commands at
+    # capture are sent, not awaited).
+    until_copied = SAVE_SEQUENCE[: [s.name for s in SAVE_SEQUENCE].index(SaveStep.CAPTURE)]
+    awaited = {role for step in until_copied for stage in step.stages for role in stage}
     assert awaited == {"agent"} and not awaited & set(bench.OFF_WINDOW_ROLES)
     nice = dict.fromkeys(bench.OFF_WINDOW_ROLES, 10)
     run = {"PARKWAY_RUN": "r"}
