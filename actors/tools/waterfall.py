@@ -304,6 +304,6 @@ def render_png(waterfall: Waterfall, path: Path) -> Path:
     ax.set_xlabel("ms from the snapshot's start (orange: queued, blue: handled, red: critical path)")
     ax.set_title(f"snapshot {waterfall.checkpoint_id}: {waterfall.total_s * 1000:.1f} ms", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # whatever the name ends in
     plt.close(fig)
     return path

@@ -2,7 +2,8 @@
 
 The spans come from the run's log stream on the broker (actors export them there with
 ``OTEL_TRACES_EXPORTER=parkway``) or from files of span lines (``OTEL_TRACES_EXPORTER=file``, or
-``parkway logs --json`` saved to a file). docs/tracing.md#parkway-trace shows the output.
+``parkway logs --json`` saved to a file). docs/tracing.md#parkway-trace shows the output; ``--png``
+also draws it as a picture (matplotlib, the ``report`` extra).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,6 +20,7 @@ from parkway.actors.runtime.settings import RunSettings
 from parkway.actors.tools import waterfall
 from parkway.actors.tools.commands.logs import read_log_files
 from parkway.actors.tools.commands.options import Subcommands, common
+from parkway.actors.tools.report import INSTALL_HINT
 from parkway.brokers import connect
 from parkway.protocol.errors import ProtocolError
 from parkway.protocol.ids import validate_checkpoint_id
@@ -35,6 +38,12 @@ def add_trace(sub: Subcommands) -> None:
     )
     p.add_argument("--critical", action="store_true", help="only the rows on the critical path")
     p.add_argument("--json", action="store_true", help="print the trace's span records instead")
+    p.add_argument(
+        "--png",
+        metavar="FILE",
+        type=Path,
+        help=f"also draw the waterfall into this PNG file (needs matplotlib: {INSTALL_HINT})",
+    )
     p.add_argument(
         "--idle", type=float, default=1.0, help="stop reading the broker after this many seconds idle"
     )
@@ -108,4 +117,19 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         return 1
     if not args.json:
         print(waterfall.render(built, critical_only=args.critical))
+    if args.png is not None:
+        return _draw(built, args.png)
+    return 0
+
+
+def _draw(built: waterfall.Waterfall, path: Path) -> int:
+    try:
+        waterfall.render_png(built, path)
+    except ImportError as exc:
+        print(f"parkway: trace: drawing needs matplotlib: {INSTALL_HINT} ({exc})", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"parkway: trace: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"parkway: trace: drew {path}", file=sys.stderr)
     return 0

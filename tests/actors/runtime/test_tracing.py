@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -154,17 +155,19 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
     }
     for actor in ("agent/0", "agent/1", "policy/0", "resources/0", "resources/1", "tq/0"):
         assert {("Prepare", actor), ("Commit", actor), ("Resume", actor)} <= handled
-    # The way back: each agent's Prepared, a span at the controller under the prepare step, from the
-    # agent's publish (after its handling span ended) to the controller opening it.
-    [prepare_step] = [s for s in mine if s.name == "prepare" and s.parent.span_id == root.context.span_id]
+    # The way back: each agent's Persisted, a span at the controller under the persist step, from the
+    # agent's publish (after its handling span ended) to the controller opening it. (A reply that
+    # arrived before it was awaited has no way back to draw: a Prepared, collected a step after its
+    # Prepare went, usually has.)
+    [persist_step] = [s for s in mine if s.name == "persist" and s.parent.span_id == root.context.span_id]
     for agent in ("agent/0", "agent/1"):
-        [back] = [s for s in mine if s.name == f"reply Prepared from {agent}"]
-        [handling] = [s for s in mine if s.name == "Prepare" and s.attributes["parkway.actor"] == agent]
-        assert back.parent.span_id == prepare_step.context.span_id
+        [back] = [s for s in mine if s.name == f"reply Persisted from {agent}"]
+        [handling] = [s for s in mine if s.name == "Persist" and s.attributes["parkway.actor"] == agent]
+        assert back.parent.span_id == persist_step.context.span_id
         assert (
             back.attributes["parkway.actor"] == "controller/0" and back.attributes["parkway.phase"] == "reply"
         )
-        assert handling.end_time <= back.start_time <= back.end_time <= prepare_step.end_time
+        assert handling.end_time <= back.start_time <= back.end_time <= persist_step.end_time
     assert not [s for s in finished if s.name.startswith("reply Generate")]  # data calls: the rollout's spans
 
     # Rollouts: a trace each, with turns, model and tool calls, and the snapshots that parked them.
@@ -202,8 +205,8 @@ async def test_a_snapshot_is_one_trace_keyed_by_its_checkpoint_id(
     assert [r.name for r in built.rows if r.depth == 1] == [step.name.value for step in SAVE_SEQUENCE]
     assert all(r.critical for r in built.rows if r.depth <= 1)  # the steps run one after another
     text = waterfall.render(built)
-    assert "critical path: close_gate" in text and "policy/0" in text
-    assert "reply Prepared from agent/0" in text
+    assert "critical path: retire " in text and "> instant " in text and "policy/0" in text
+    assert "reply Persisted from agent/0" in text
     assert waterfall.build(records, "ck-never") is None
     page = waterfall.render_html(built)
     assert f"checkpoint {cid}" in page and page.count("<tr>") == len(built.rows) + 1
@@ -240,8 +243,12 @@ def test_the_core_imports_and_runs_without_the_sdk() -> None:
     assert "parkway[tracing]" in result.stdout
 
 
-def test_the_waterfall_names_a_replys_way_back_on_the_critical_path() -> None:
-    cid = "ck-20261206T101505.916-0f92af"
+WAY_BACK_CID = "ck-20261206T101505.916-0f92af"
+
+
+def way_back_records() -> list[dict[str, Any]]:
+    """A snapshot's span lines in which an agent's reply took longer on its way back than its handling."""
+    cid = WAY_BACK_CID
     trace_id = trace_id_hex(checkpoint_trace_id(cid))
 
     def record(span_id: str, parent: str | None, name: str, actor: str, start: float, end: float, **attrs):
@@ -290,7 +297,11 @@ def test_the_waterfall_names_a_replys_way_back_on_the_critical_path() -> None:
         ),
         record("c", "r", "capture", "controller/0", t + 0.012, t + 0.020),
     ]
-    built = waterfall.build(records, cid)
+    return records
+
+
+def test_the_waterfall_names_a_replys_way_back_on_the_critical_path() -> None:
+    built = waterfall.build(way_back_records(), WAY_BACK_CID)
     assert built is not None
     critical = [(r.name, r.phase) for r in built.critical_path if r.depth == 2]
     assert critical == [("Prepare", "handled"), ("reply Prepared from agent/0", "reply")]
@@ -300,3 +311,27 @@ def test_the_waterfall_names_a_replys_way_back_on_the_critical_path() -> None:
         "on its way back: reply Prepared from agent/0: 6.3 ms from its publish to controller/0 opening it"
         in text
     )
+
+
+def test_parkway_trace_prints_the_waterfall_and_draws_it_as_a_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from parkway.actors.tools.cli import main
+
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text("not a span line\n" + "".join(json.dumps(r) + "\n" for r in way_back_records()))
+    picture = tmp_path / "waterfall.image"  # drawn as PNG whatever the name ends in
+    assert main(["trace", WAY_BACK_CID, str(spans), "--png", str(picture)]) == 0
+    out, err = capsys.readouterr()
+    assert "critical path: prepare " in out and "reply Prepared from agent/0" in out
+    assert f"drew {picture}" in err
+    assert picture.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and picture.stat().st_size > 5000
+
+    # Where it cannot write, a clear error and exit 2 (the text was printed all the same).
+    assert main(["trace", WAY_BACK_CID, str(spans), "--png", str(tmp_path / "no" / "such.png")]) == 2
+    out, err = capsys.readouterr()
+    assert "critical path:" in out and f"cannot write {tmp_path / 'no' / 'such.png'}" in err
+    # A checkpoint with no span in the files: exit 1, and nothing drawn.
+    other = tmp_path / "other.png"
+    assert main(["trace", "ck-20261206T101505.916-000000", str(spans), "--png", str(other)]) == 1
+    assert "no span of trace" in capsys.readouterr().err and not other.exists()
