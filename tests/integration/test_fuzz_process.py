@@ -23,6 +23,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -60,6 +61,7 @@ from tests.support.fuzz import CATEGORIES, fuzzed
 from tests.support.fuzz_cluster import ANSWERED, TARGETS, FuzzCluster, table
 from tests.support.processes import actor_env, status_of
 from tests.support.rabbit import AMQP_URL
+from tests.support.storage_run import json_lines
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -257,6 +259,8 @@ def test_then_every_process_does_real_work(cluster: FuzzCluster) -> None:
     controller.signal(signal.SIGTERM)
     assert controller.wait(30) == 0, controller.log_text()[-3000:]
     # ... and a fresh one runs a whole workload with snapshots over the fuzzed participants.
+    participants = {address: cluster.processes[address] for address in TARGETS[1:]}
+    before = {address: len(p.log_text()) for address, p in participants.items()}
     result = subprocess.run(
         [sys.executable, "-m", "parkway.actors", "run", "--config", str(cluster.config), "--json"],
         env=actor_env(cluster.run, cluster.state, PARKWAY_BROKER_URL=AMQP_URL),
@@ -271,7 +275,27 @@ def test_then_every_process_does_real_work(cluster: FuzzCluster) -> None:
     # The fuzzed participants did work of this run (valid commands are among the fuzz), so the new
     # controller starts a session afresh under session-tagged ids rather than being answered from
     # their caches; its transcripts are a fresh session's, not comparable with an unfuzzed run's.
-    assert summary["session"] == "afresh" and summary["replayed_from_cache"] == 0, summary
+    assert summary["session"] == "afresh", summary
+    # A reply the session's actors got again from a cache answers a resend of the session's own (a
+    # request retried after a timeout on a loaded machine, a redelivery), never an id used before the
+    # session. A fuzzer's delivery can still be answered again while the session runs (seen once in
+    # CI: a redelivery, or one unacknowledged, which the ready count settle reads does not show);
+    # such a reply goes to the fuzzer, for one of its own ids.
+    # The summary counted replays of both (the logs go on after it).
+    earlier: set[str] = set(cluster.correlation_ids)
+    replays: list[dict[str, Any]] = []
+    for address, process in participants.items():
+        text = process.log_text()
+        for event in json_lines(text[: before[address]]):
+            earlier.update(str(v) for k, v in event.items() if k in ("correlation_id", "checkpoint_id"))
+        replays += [e for e in json_lines(text[before[address] :]) if e.get("event") == "reply_replayed"]
+    assert summary["replayed_from_cache"] <= len(replays), (summary, replays)
+    outsiders = ("fuzz/0", "operator/0", "stranger/0")
+    for replay in replays:
+        if replay["sender"] in outsiders:
+            assert replay["correlation_id"] in cluster.correlation_ids, replay
+        else:
+            assert replay["correlation_id"] not in earlier, replay
     assert summary["turns_generated"] > 0 and summary["generations_total"] >= summary["turns_kept"] > 0
     for address in TARGETS[1:]:
         assert cluster.processes[address].alive()

@@ -77,6 +77,7 @@ class FuzzCluster:
         self.pids = {address: p.pid for address, p in self.processes.items()}
         self.sent: dict[str, Sent] = {}  # fuzz id -> what was sent
         self._last: dict[str, Envelope] = {}  # address -> the last signed delivery drawn for it (replays)
+        self.correlation_ids: set[str] = set()  # of every delivery published (fuzzed or not)
 
     # -- sending -------------------------------------------------------------------------------
     def send(self, address: str, item: Fuzzed) -> None:
@@ -105,6 +106,7 @@ class FuzzCluster:
                     reply_to=self.broker.reply_address,
                 )
             self.sent[fuzz_id] = sent
+            self.correlation_ids.add(envelope.correlation_id)
             await self.broker.publish(address, envelope)
 
     def _restatus(self, envelope: Envelope, checkpoint_id: str) -> Envelope:
